@@ -1,0 +1,305 @@
+"""`cbo-agent bench gp-update`: the cost of one posterior update, four ways, in one run.
+
+For each size n and batch b (1 and --batch) on the same data and hyperparameters:
+  (a) append        this project's row append (`IncrementalGP.learn_one`), O(n²)
+  (b) botorch       `SingleTaskGP.condition_on_observations` (caches built beforehand)
+  (c) refactor      a full rebuild: kernel matrix and Cholesky of n+1 rows, O(n³)
+  (d) solve         one bare `torch.linalg.solve_triangular` of size n, the O(n²) floor
+Before timing BoTorch, its posterior mean on the same data and hyperparameters is checked against
+ours, so the comparison is like for like.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from botorch.models import SingleTaskGP
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.means import ZeroMean
+from rich.console import Console
+
+from agent.bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from core.gp import GPConfig, IncrementalGP
+
+NOISE = 1e-2
+
+
+@dataclass
+class UpdateTiming:
+    """One row of the benchmark's JSON (seconds are medians over repetitions)."""
+
+    n: int
+    batch: int
+    append_s: float
+    botorch_condition_s: float
+    refactor_s: float
+    triangular_solve_s: float
+    bytes_per_node: int
+
+    @property
+    def botorch_over_append(self) -> float:
+        return self.botorch_condition_s / self.append_s
+
+    @property
+    def refactor_over_append(self) -> float:
+        return self.refactor_s / self.append_s
+
+    @property
+    def append_over_solve(self) -> float:
+        return self.append_s / self.triangular_solve_s
+
+
+def _median_seconds(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _build_model(x: torch.Tensor, y: torch.Tensor, reserve: int) -> IncrementalGP:
+    batch, _, dim = x.shape
+    bounds = torch.tensor([[0.0, 1.0]] * dim, dtype=x.dtype).expand(batch, dim, 2)
+    model = IncrementalGP(bounds, GPConfig(noise_variance=NOISE, refit_every=None, misfit_z=None))
+    model.set_hyperparameters(
+        lengthscale=torch.full((batch, dim), 0.3, dtype=x.dtype),
+        outputscale=torch.ones(batch, dtype=x.dtype),
+    )
+    model.reserve(reserve)
+    model.learn_many(x, y, refit=False)
+    return model
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """What the BoTorch twin copies from our model: hyperparameters and standardization."""
+
+    lengthscale: torch.Tensor  # (b, d)
+    outputscale: torch.Tensor  # (b,)
+    noise: torch.Tensor  # (b,) standardized units
+    y_mean: torch.Tensor  # (b,)
+    y_scale: torch.Tensor  # (b,)
+
+    @classmethod
+    def of(cls, model: IncrementalGP) -> _Fitted:
+        return cls(
+            model.lengthscale.clone(),
+            model.outputscale.clone(),
+            model.noise.clone(),
+            model.y_mean.clone(),
+            model.y_scale.clone(),
+        )
+
+
+def _botorch_twin(fitted: _Fitted, x: torch.Tensor, y: torch.Tensor) -> SingleTaskGP:
+    """A SingleTaskGP with the same data, standardization and hyperparameters as our model."""
+    batch, _, dim = x.shape
+    batch_shape = torch.Size([batch]) if batch > 1 else torch.Size()
+    covar = ScaleKernel(
+        MaternKernel(nu=2.5, ard_num_dims=dim, batch_shape=batch_shape), batch_shape=batch_shape
+    ).to(x)
+    covar.base_kernel.lengthscale = fitted.lengthscale.reshape(covar.base_kernel.lengthscale.shape)
+    covar.outputscale = fitted.outputscale.reshape(covar.outputscale.shape)
+    y_std = ((y - fitted.y_mean[:, None]) / fitted.y_scale[:, None]).unsqueeze(-1)
+    noise = fitted.noise[:, None, None].expand_as(y_std)
+    twin = SingleTaskGP(
+        _unbatch(x),
+        _unbatch(y_std),
+        _unbatch(noise),
+        covar_module=covar,
+        mean_module=ZeroMean(batch_shape=batch_shape),
+        outcome_transform=None,
+        input_transform=None,
+    )
+    twin.eval()
+    return twin
+
+
+def _unbatch(t: torch.Tensor) -> torch.Tensor:
+    """BoTorch models a single GP without a batch dimension."""
+    return t[0] if t.shape[0] == 1 else t
+
+
+def _standardized_mean(model: IncrementalGP, probe: torch.Tensor) -> torch.Tensor:
+    return (model.posterior(probe).mean - model.y_mean[:, None]) / model.y_scale[:, None]
+
+
+def measure(n: int, batch: int, dim: int, reps: int, slow_reps: int, seed: int) -> UpdateTiming:
+    """Time the four updates at one size.
+
+    Our model and BoTorch's are built one after the other (the first freed before the second:
+    at n = 4000 and a batch of 8, BoTorch alone needs ~10 GB). Before BoTorch is timed, its
+    posterior mean on the same data is checked against ours: the comparison is like for like.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    total = n + reps + 1
+    x = torch.rand(batch, total, dim, generator=gen, dtype=torch.float64)
+    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(
+        batch, total, generator=gen, dtype=torch.float64
+    )
+    probe = torch.rand(batch, 5, dim, generator=gen, dtype=torch.float64)
+
+    ours = _time_ours(x, y, n, probe, reps, slow_reps)
+    gc.collect()  # our model is gone before BoTorch's is built
+    botorch_s = _time_botorch(ours, x, y, n, probe, slow_reps)
+    gc.collect()
+
+    factor = (
+        torch.linalg.cholesky(
+            torch.eye(n, dtype=torch.float64) + 0.1 * torch.ones(n, n, dtype=torch.float64)
+        )
+        .expand(batch, n, n)
+        .contiguous()
+    )
+    rhs = torch.randn(batch, n, 1, generator=gen, dtype=torch.float64)
+    solve_s = _median_seconds(lambda: torch.linalg.solve_triangular(factor, rhs, upper=False), reps)
+    return UpdateTiming(
+        n, batch, ours.append_s, botorch_s, ours.refactor_s, solve_s, ours.bytes_per_node
+    )
+
+
+@dataclass(frozen=True)
+class _OurTimings:
+    fitted: _Fitted
+    probe_mean: torch.Tensor  # (b, 5) standardized posterior mean on the first n rows
+    append_s: float
+    refactor_s: float
+    bytes_per_node: int
+
+
+def _time_ours(
+    x: torch.Tensor, y: torch.Tensor, n: int, probe: torch.Tensor, reps: int, slow_reps: int
+) -> _OurTimings:
+    model = _build_model(x[:, :n], y[:, :n], reserve=x.shape[1])
+    fitted, probe_mean = _Fitted.of(model), _standardized_mean(model, probe)
+    cursor = iter(range(n, x.shape[1]))
+
+    def append() -> None:
+        i = next(cursor)
+        model.learn_one(x[:, i], y[:, i], refit=False)
+
+    append_s = _median_seconds(append, reps)
+    refactor_s = _median_seconds(model.rebuild, slow_reps)
+    per_node = model.memory_bytes() // x.shape[0]
+    return _OurTimings(fitted, probe_mean, append_s, refactor_s, per_node)
+
+
+def _time_botorch(
+    ours: _OurTimings,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n: int,
+    probe: torch.Tensor,
+    slow_reps: int,
+) -> float:
+    batch = x.shape[0]
+    twin = _botorch_twin(ours.fitted, x[:, :n], y[:, :n])
+    theirs = twin.posterior(_unbatch(probe)).mean.reshape(batch, 5)  # also builds its caches
+    if not torch.allclose(ours.probe_mean, theirs, rtol=1e-6, atol=1e-6):
+        raise AssertionError(
+            f"our model and BoTorch's disagree on the same data: {ours.probe_mean} vs {theirs}"
+        )
+    x_new, y_new = _unbatch(x[:, n : n + 1]), _unbatch(y[:, n : n + 1, None])
+    noise = torch.full_like(y_new, float(ours.fitted.noise[0]))
+    return _median_seconds(
+        lambda: twin.condition_on_observations(x_new, y_new, noise=noise), slow_reps
+    )
+
+
+def plot(rows: Sequence[UpdateTiming], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({row.batch for row in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.5), squeeze=False)
+    series = [
+        ("append_s", "append (this project)"),
+        ("botorch_condition_s", "BoTorch condition_on_observations"),
+        ("refactor_s", "full Cholesky refactorization"),
+        ("triangular_solve_s", "one solve_triangular (O(n²) floor)"),
+    ]
+    for ax, batch in zip(axes[0], batches, strict=True):
+        chosen = sorted((r for r in rows if r.batch == batch), key=lambda r: r.n)
+        for field, label in series:
+            ax.loglog([r.n for r in chosen], [getattr(r, field) for r in chosen], "o-", label=label)
+        ax.set_title(f"one posterior update, batch of {batch} GP{'s' if batch > 1 else ''}")
+        ax.set_xlabel("observations n")
+        ax.set_ylabel("seconds (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(
+    sizes: Sequence[int],
+    dim: int,
+    batch: int,
+    json_path: Path | None,
+    plot_path: Path | None,
+    reps: int = 25,
+    slow_reps: int = 3,
+    console: Console | None = None,
+) -> list[UpdateTiming]:
+    """Measure every size for a single GP and for a batch; print, save JSON and a plot."""
+    console = console or wide_console()
+    batches = sorted({1, batch})
+    rows: list[UpdateTiming] = []
+    with progress_bar(console) as progress:
+        task = progress.add_task("gp-update", total=len(sizes) * len(batches))
+        for b in batches:
+            for n in sizes:
+                progress.update(task, description=f"gp-update n={n} batch={b}")
+                rows.append(measure(n, b, dim, reps, slow_reps, seed=n + 7919 * b))
+                progress.advance(task)
+    print_table(
+        f"One posterior update (dim {dim}, float64, median milliseconds)",
+        [
+            "n",
+            "batch",
+            "a append",
+            "b botorch",
+            "c refactor",
+            "d solve",
+            "b/a",
+            "c/a",
+            "a/d",
+            "MiB/node",
+        ],
+        [
+            (
+                r.n,
+                r.batch,
+                1e3 * r.append_s,
+                1e3 * r.botorch_condition_s,
+                1e3 * r.refactor_s,
+                1e3 * r.triangular_solve_s,
+                r.botorch_over_append,
+                r.refactor_over_append,
+                r.append_over_solve,
+                r.bytes_per_node / 2**20,
+            )
+            for r in rows
+        ],
+        console,
+    )
+    if json_path is not None:
+        write_json(
+            json_path, {"machine": machine_info(), "dim": dim, "rows": [asdict(r) for r in rows]}
+        )
+        console.print(f"results: {json_path}")
+    if plot_path is not None:
+        plot(rows, plot_path)
+        console.print(f"plot: {plot_path}")
+    return rows

@@ -1,0 +1,51 @@
+"""The gp-update benchmark runs end to end at a tiny size and writes what it promises."""
+
+from __future__ import annotations
+
+import json
+
+from agent.bench import gp_update
+from agent.cli import main
+
+
+def test_gp_update_benchmark_writes_json_and_plot(tmp_path):
+    json_path, plot_path = tmp_path / "gp.json", tmp_path / "gp.png"
+    rows = gp_update.run([30, 60], dim=3, batch=2, json_path=json_path, plot_path=plot_path, reps=3)
+    assert [(r.n, r.batch) for r in rows] == [(30, 1), (60, 1), (30, 2), (60, 2)]
+    saved = json.loads(json_path.read_text())
+    fields = {
+        "n",
+        "batch",
+        "append_s",
+        "botorch_condition_s",
+        "refactor_s",
+        "triangular_solve_s",
+        "bytes_per_node",
+    }
+    assert all(set(row) == fields for row in saved["rows"])
+    assert all(row["append_s"] > 0 and row["bytes_per_node"] > 0 for row in saved["rows"])
+    assert plot_path.stat().st_size > 10_000
+
+
+def test_cli_runs_the_benchmark(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "bench",
+                "gp-update",
+                "--sizes",
+                "20",
+                "--dim",
+                "2",
+                "--batch",
+                "2",
+                "--reps",
+                "2",
+                "--json",
+                str(tmp_path / "out.json"),
+            ]
+        )
+        == 0
+    )
+    assert "b/a" in capsys.readouterr().out
+    assert (tmp_path / "out.png").exists()
