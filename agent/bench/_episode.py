@@ -1,0 +1,245 @@
+"""One run of the regret benchmark: an environment, a policy and a seed, played for R rounds.
+
+`play(config)` returns the run's JSON payload (see `agent.bench.regret` for its schema) and never
+raises for a failure inside the run: the payload then has status "failed" and the traceback, and
+keeps the rounds played so far. It runs in a worker process, so it takes and returns plain data.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.network import NetworkModel
+from core.spec import ExperimentSpec, load_spec
+from policies.base import Constraints, NothingAffordable
+from policies.registry import make_policy
+from sim.base import Environment
+from sim.registry import make_environment
+
+RUN_SCHEMA = "cbo-agent/bench-regret-run"
+RUN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What identifies a run; a saved run is reused only when its config is equal."""
+
+    env: str
+    policy: str
+    seed: int
+    rounds: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    spec: str = ""  # path of the experiment spec, resolved by the parent process
+
+    def identity(self) -> dict[str, Any]:
+        """The fields a resumed run must match (not the spec path: a checkout may move)."""
+        return {k: v for k, v in asdict(self).items() if k != "spec"}
+
+
+def seed_streams(seed: int) -> tuple[int, int, int]:
+    """Independent seeds for the environment's noise, the policy's generator and torch's global
+    generator (which BoTorch's optimizers draw restarts from), spawned from one run seed.
+
+    The noise stream depends on the seed only, so every policy meets the same noise draws.
+    """
+    noise, policy, global_ = np.random.SeedSequence(seed).generate_state(3)
+    return int(noise), int(policy), int(global_)
+
+
+def plain(value: Any) -> Any:
+    """JSON-safe copy: tensors and numpy values become lists and floats, NaN and inf become None."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return plain(value.tolist())
+    if isinstance(value, np.generic):
+        return plain(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return repr(value)
+
+
+def skeleton(config: RunConfig, error: str | None = None) -> dict[str, Any]:
+    """A run's payload before anything happened: a failure until the run says otherwise."""
+    return {
+        "schema": RUN_SCHEMA,
+        "version": RUN_VERSION,
+        **asdict(config),
+        "status": "failed",
+        "stop_reason": None,
+        "error": error,
+        "traceback": None,
+        "optimum": None,
+        "optimum_intervention": None,
+        "budget": None,
+        "spent": 0.0,
+        "initial_design": [],
+        "initial_design_seconds": None,
+        "history": [],
+        "metrics": None,
+        "wall_seconds": None,
+        "finished_at": None,
+    }
+
+
+def play(config: RunConfig) -> dict[str, Any]:
+    """Run one episode; the payload records every round, the outcome and its timing."""
+    started = time.perf_counter()
+    payload = skeleton(config)
+    try:
+        _play(config, payload)
+    except Exception as error:  # a failing run is reported, never fatal to the benchmark
+        payload["error"] = f"{type(error).__name__}: {error}"
+        payload["traceback"] = traceback.format_exc()
+    payload["metrics"] = final_metrics(payload["history"]) if payload["history"] else None
+    payload["wall_seconds"] = time.perf_counter() - started
+    payload["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return plain(payload)
+
+
+def _play(config: RunConfig, payload: dict[str, Any]) -> None:
+    noise_seed, policy_seed, global_seed = seed_streams(config.seed)
+    torch.manual_seed(global_seed)
+    noise = torch.Generator().manual_seed(noise_seed)
+    rng = torch.Generator().manual_seed(policy_seed)
+
+    env = make_environment(config.env, config.seed)
+    spec = load_spec(config.spec)
+    model = NetworkModel(spec)
+    policy = make_policy(config.policy, spec, config.settings)
+    optimum = env.optimum
+    payload.update(
+        optimum=optimum.value,
+        optimum_intervention=optimum.intervention,
+        budget=spec.constraints.budget_total,
+    )
+
+    _initial_design(env, model, config.seed, noise, payload)
+
+    spent = 0.0
+    for t in range(1, config.rounds + 1):
+        constraints = Constraints.from_spec(spec, spent)
+        start = time.perf_counter()
+        try:
+            proposal = policy.propose(model, constraints, rng)
+        except NothingAffordable as reason:
+            payload.update(status="stopped", stop_reason=f"round {t}: {reason}")
+            return
+        decided = time.perf_counter()
+        intervention = proposal.intervention
+        readings = env.step(intervention, noise)
+        learn_start = time.perf_counter()
+        model.learn(intervention, readings)
+        learned = time.perf_counter()
+
+        record = {"round": t, **_reading(env, intervention, readings)}
+        spent += record["cost"]
+        payload["spent"] = spent
+        record.update(
+            target_set=list(proposal.target_set),
+            spent=spent,
+            regret=optimum.value - record["expected_reward"],
+            acquisition_value=proposal.acquisition_value,
+            decision_seconds=decided - start,
+            update_seconds=learned - learn_start,
+            diagnostics=proposal.diagnostics,
+        )
+        problems = violations(spec, constraints, intervention, record["cost"], spent)
+        if problems:
+            record["violations"] = problems
+        payload["history"].append(record)
+    payload["status"] = "ok"
+
+
+def _initial_design(
+    env: Environment,
+    model: NetworkModel,
+    seed: int,
+    noise: torch.Generator,
+    payload: dict[str, Any],
+) -> None:
+    """Play and learn the paper's initial design (not charged to the budget, not in metrics)."""
+    start = time.perf_counter()
+    for intervention in env.initial_design(seed):
+        readings = env.step(intervention, noise)
+        model.learn(intervention, readings)
+        payload["initial_design"].append(_reading(env, intervention, readings))
+    payload["initial_design_seconds"] = time.perf_counter() - start
+
+
+def _reading(
+    env: Environment, intervention: Mapping[str, float], readings: Mapping[str, float]
+) -> dict[str, Any]:
+    """What every round records: the action, its cost, the reward read and the oracle's value."""
+    return {
+        "intervention": dict(intervention),
+        "cost": env.cost(intervention),
+        "reward": readings[env.reward_node],
+        "expected_reward": env.expected_reward(intervention),
+    }
+
+
+def violations(
+    spec: ExperimentSpec,
+    constraints: Constraints,
+    intervention: Mapping[str, float],
+    cost: float,
+    spent: float,
+) -> list[str]:
+    """Constraints a played round broke (the benchmark checks policies, it does not trust them)."""
+    used = (
+        len(intervention)
+        if spec.intervention == "hard"
+        else sum(v != 0 for v in intervention.values())
+    )
+    problems = []
+    limits = spec.constraints
+    if limits.max_interventions is not None and used > limits.max_interventions:
+        problems.append(f"cardinality {used} > {limits.max_interventions}")
+    if cost > constraints.round_cap * (1 + 1e-9) + 1e-12:
+        problems.append(f"cost {cost:g} > round cap {constraints.round_cap:g}")
+    if limits.budget_total is not None and spent > limits.budget_total * (1 + 1e-9):
+        problems.append(f"spent {spent:g} > total budget {limits.budget_total:g}")
+    return problems
+
+
+def curves(history: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-round curves over the policy rounds t = 1..T (initial design excluded), each (T,):
+
+    average_reward[t]    = (1/t) Σ_{s≤t} E[y | a_s]
+    best_reward[t]       = max_{s≤t} E[y | a_s]
+    cumulative_regret[t] = Σ_{s≤t} (f* − E[y | a_s])
+    """
+    values = np.array([r["expected_reward"] for r in history], dtype=np.float64)
+    regrets = np.array([r["regret"] for r in history], dtype=np.float64)
+    return {
+        "average_reward": np.cumsum(values) / np.arange(1, len(values) + 1),
+        "best_reward": np.maximum.accumulate(values),
+        "cumulative_regret": np.cumsum(regrets),
+    }
+
+
+def final_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The curves' last values and the mean per-round wall time of propose and learn."""
+    last = {name: float(curve[-1]) for name, curve in curves(history).items()}
+    decision = float(np.mean([r["decision_seconds"] for r in history]))
+    update = float(np.mean([r["update_seconds"] for r in history]))
+    return {
+        "rounds_completed": len(history),
+        **last,
+        "seconds_per_round": decision + update,
+        "decision_seconds": decision,
+        "update_seconds": update,
+    }

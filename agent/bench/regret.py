@@ -1,0 +1,628 @@
+"""`cbo-agent bench regret`: sample efficiency of every policy on the simulated environments.
+
+For each (environment, policy, seed): a fresh environment `make_environment(env, seed)`, its spec
+`examples/<env>.yaml`, a `NetworkModel(spec)` and the policy with the spec's own settings when it
+is the spec's policy (else none), overridden by `--setting`. The environment's paper initial
+design is played and learned first; then R policy rounds: propose under
+`Constraints.from_spec(spec, spent)`, step the environment, learn, record. The same seed gives
+every policy the same environment instance, initial design and noise stream.
+
+Metrics, over the R policy rounds t = 1..R (the initial design is excluded), with
+f* = env.optimum.value and r_t = E[y | a_t] = env.expected_reward(a_t), the oracle's noiseless
+value of the played intervention (not the noisy reading):
+    average reward      A_t = (1/t) Σ_{s≤t} r_s                 (running mean)
+    best reward         B_t = max_{s≤t} r_s                      (running max)
+    cumulative regret   C_t = Σ_{s≤t} (f* − r_s)
+    seconds per round   mean over rounds of the wall time of propose + learn
+A run's metrics are the curves' values at its last round (R, or earlier if it stopped because
+nothing was affordable). Per (env, policy): mean over seeds and standard error
+SE = sample std (ddof 1) / √seeds; failed runs are left out and counted. Curves in the plots are
+mean ± 1 SE over the runs that reached round t.
+
+Budget: `spent` sums env.cost over the policy rounds, the quantity `Constraints.from_spec`
+receives; the paper's initial design is not charged against the total budget (its cost is in the
+run JSON). A policy raising NothingAffordable ends its run early with status "stopped". Every
+played round is checked against cardinality, per-round cap and total budget; breaches are listed
+per round ("violations") and counted per row.
+
+Outputs in DIR:
+    runs/<env>/<policy>/seed<k>.json   one run (schema cbo-agent/bench-regret-run): the config
+        (env, policy, seed, rounds, settings, spec), status ok|stopped|failed, stop_reason,
+        error, traceback, optimum, optimum_intervention, budget, spent, initial_design
+        [{intervention, cost, reward, expected_reward}], initial_design_seconds, history
+        [{round, intervention, target_set, cost, spent, reward, expected_reward, regret,
+        acquisition_value, decision_seconds, update_seconds, diagnostics, violations?}],
+        metrics {rounds_completed, average_reward, best_reward, cumulative_regret,
+        seconds_per_round, decision_seconds, update_seconds}, wall_seconds, finished_at.
+    summary.json   {schema, version, machine, config, rows, orderings, failures}; a row per
+        (env, policy): env, policy, seeds (runs that count: not failed, at least one round),
+        rounds (requested), mean_average_reward, se_average_reward, mean_best_reward,
+        se_best_reward, mean_cumulative_regret, se_cumulative_regret, seconds_per_round,
+        decision_seconds, update_seconds, optimum (mean over seeds: a seeded environment draws
+        a new instance per seed), seeds_failed, seeds_stopped_early, violations, and budget,
+        max_budget_spent when the spec has a total budget. Missing values (no run, one seed's
+        SE) are null.
+    summary.md     the rows as a table, per-environment orderings, failures and these definitions.
+    <env>.png      average reward and cumulative regret against t for every policy.
+
+Runs execute in a process pool (one torch thread per worker). A run whose JSON already exists
+with the same config and did not fail is loaded, not re-run (`force` redoes it), so an
+interrupted benchmark continues where it stopped; a run with another config there is an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from agent.bench._episode import RunConfig, curves, plain, play, skeleton
+from agent.bench.report import (
+    machine_info,
+    markdown_table,
+    print_table,
+    progress_bar,
+    wide_console,
+    write_json,
+)
+from agent.paths import ExamplesNotFound, example_spec, examples_dir
+from core.spec import SpecError, load_spec
+from policies.registry import make_policy, policy_names
+from sim.registry import environment_names, make_environment
+
+SUMMARY_SCHEMA = "cbo-agent/bench-regret-summary"
+SUMMARY_VERSION = 1
+
+# (policy or None for every chosen policy, key, value), from `--setting [POLICY:]KEY=VALUE`.
+Setting = tuple[str | None, str, Any]
+
+
+class BadArguments(ValueError):
+    """The benchmark cannot start: an unknown name, a missing or invalid spec, a bad setting."""
+
+
+@dataclass
+class RegretResult:
+    """What `run` did: the summary rows and how many runs were played, loaded and failed."""
+
+    rows: list[dict[str, Any]]
+    ran: int
+    loaded: int
+    failed: int
+
+
+# --------------------------------------------------------------------------- planning
+def plan(
+    envs: Sequence[str] | None,
+    policies: Sequence[str] | None,
+    seeds: int,
+    rounds: int,
+    settings: Sequence[Setting] = (),
+) -> list[RunConfig]:
+    """Every (env, policy, seed) run, validated before anything starts.
+
+    `envs` None: every environment with a spec; `policies` None: every policy.
+
+    Raises:
+        BadArguments: naming the unknown environment or policy, the missing or invalid spec,
+            or the setting a policy rejects.
+    """
+    if seeds < 1 or rounds < 1:
+        raise BadArguments(f"seeds and rounds must be at least 1 (got {seeds}, {rounds})")
+    envs = list(envs) if envs else _envs_with_specs()
+    policies = list(policies) if policies else policy_names()
+    _check_names("environment", envs, environment_names())
+    _check_names("policy", policies, policy_names())
+    scopes = sorted({scope for scope, _, _ in settings if scope is not None} - set(policies))
+    if scopes:
+        raise BadArguments(f"--setting names policies not being run: {', '.join(scopes)}")
+    configs = []
+    for env in envs:
+        spec_path = _checked_spec(env)
+        for policy in policies:
+            chosen = _settings_for(policy, spec_path, settings)
+            configs += [
+                RunConfig(env, policy, seed, rounds, chosen, str(spec_path))
+                for seed in range(seeds)
+            ]
+    return configs
+
+
+def _check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BadArguments(
+            f"unknown {kind} {', '.join(map(repr, unknown))}; known: {', '.join(known) or 'none'}"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BadArguments(f"{kind} given twice: {', '.join(repeated)}")
+
+
+def _envs_with_specs() -> list[str]:
+    try:
+        folder = examples_dir()
+    except ExamplesNotFound as error:
+        raise BadArguments(str(error)) from None
+    return [name for name in environment_names() if (folder / f"{name}.yaml").is_file()]
+
+
+def _checked_spec(env: str) -> Path:
+    """The env's spec path, after checking it loads and matches the simulator's structure."""
+    try:
+        path = example_spec(env)
+        spec = load_spec(path)
+    except (ExamplesNotFound, SpecError) as error:
+        raise BadArguments(f"environment {env!r}: {error}") from None
+    sim = make_environment(env, 0)
+    mismatched = [
+        what
+        for what, ours, theirs in [
+            ("nodes", spec.node_names, sim.node_names),
+            ("actions", spec.action_names, sim.action_names),
+            ("reward node", [spec.reward.node], [sim.reward_node]),
+        ]
+        if set(ours) != set(theirs)
+    ]
+    if mismatched:
+        raise BadArguments(f"{path} does not match simulator {env!r}: {', '.join(mismatched)}")
+    return path
+
+
+def _settings_for(policy: str, spec_path: Path, settings: Sequence[Setting]) -> dict[str, Any]:
+    """The spec's settings if `policy` is the spec's own, then every matching override."""
+    spec = load_spec(spec_path)
+    chosen = dict(spec.policy.settings) if spec.policy.name == policy else {}
+    chosen.update({key: value for scope, key, value in settings if scope in (None, policy)})
+    try:
+        make_policy(policy, spec, chosen)
+    except ValueError as error:
+        unscoped = any(scope is None for scope, _, _ in settings)
+        hint = " (a --setting without POLICY: applies to every policy)" if unscoped else ""
+        raise BadArguments(f"{spec_path.stem}: {error}{hint}") from None
+    return chosen
+
+
+# --------------------------------------------------------------------------- running
+def run(
+    envs: Sequence[str] | None,
+    policies: Sequence[str] | None,
+    seeds: int,
+    rounds: int,
+    out: Path,
+    settings: Sequence[Setting] = (),
+    workers: int | None = None,
+    force: bool = False,
+    console: Console | None = None,
+) -> RegretResult:
+    """Plan, play (or load) every run, then write and print the summary.
+
+    Raises:
+        BadArguments: before any run starts (see `plan`), or when DIR holds a run of another
+            config.
+    """
+    console = console or wide_console()
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise BadArguments(f"workers must be at least 1 (got {workers})")
+    configs = plan(envs, policies, seeds, rounds, settings)
+    out = Path(out)
+    results = {} if force else _load_finished(configs, out)
+    todo = [c for c in configs if _key(c) not in results]
+    if results:
+        console.print(f"resuming: {len(results)} of {len(configs)} runs already in {out}")
+    with progress_bar(console) as progress:
+        task = progress.add_task("regret", total=len(configs), completed=len(results))
+        for payload in _execute(todo, workers):
+            _save(run_path(out, *_key(payload)), payload)
+            results[_key(payload)] = payload
+            progress.advance(task)
+            _report_run(payload, console)
+    ordered = [results[_key(c)] for c in configs]
+    rows = summarize(ordered)
+    _write_summary(out, configs, ordered, rows, workers, console)
+    failed = sum(p["status"] == "failed" for p in ordered)
+    return RegretResult(rows, ran=len(todo), loaded=len(configs) - len(todo), failed=failed)
+
+
+def run_path(out: Path, env: str, policy: str, seed: int) -> Path:
+    return Path(out) / "runs" / env / policy / f"seed{seed}.json"
+
+
+def _key(run: RunConfig | Mapping[str, Any]) -> tuple[str, str, int]:
+    """(env, policy, seed) of a config or a payload."""
+    if isinstance(run, RunConfig):
+        return run.env, run.policy, run.seed
+    return run["env"], run["policy"], run["seed"]
+
+
+def _load_finished(configs: Sequence[RunConfig], out: Path) -> dict[tuple, dict[str, Any]]:
+    """Saved runs that can be reused: same config, not failed. Unreadable files are re-run."""
+    found = {}
+    for config in configs:
+        path = run_path(out, *_key(config))
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        saved = {k: payload.get(k) for k in config.identity()}
+        if saved != plain(config.identity()):
+            raise BadArguments(
+                f"{path} was run with {saved}, not {plain(config.identity())}; "
+                "use --force to redo it or another --out"
+            )
+        if payload.get("status") != "failed":
+            found[_key(config)] = payload
+    return found
+
+
+def _execute(todo: Sequence[RunConfig], workers: int) -> Iterator[dict[str, Any]]:
+    """Run payloads as they finish: in this process for one worker, else in a spawn pool."""
+    if not todo:
+        return
+    if workers == 1 or len(todo) == 1:
+        with _one_torch_thread():
+            for config in todo:
+                yield play(config)
+        return
+    context = multiprocessing.get_context("spawn")  # fork after torch's thread pools can hang
+    pool = ProcessPoolExecutor(min(workers, len(todo)), context, initializer=_init_worker)
+    finished = False
+    try:
+        futures = {pool.submit(play, config): config for config in todo}
+        for future in as_completed(futures):
+            yield _result(future, futures[future])
+        finished = True
+    finally:
+        if not finished:  # interrupted (Ctrl-C) or abandoned: do not wait for runs in flight
+            _stop_workers(pool)
+        pool.shutdown(wait=finished, cancel_futures=True)
+
+
+def _result(future: Future, config: RunConfig) -> dict[str, Any]:
+    try:
+        return future.result()
+    except Exception as error:  # the worker died; this run failed, the others go on
+        return _crashed(config, error)
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)  # workers share the cores: one BLAS thread each, no oversubscription
+    # Ctrl-C reaches the whole process group; the parent alone decides, and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate this pool's own worker processes (no public call for it before Python 3.14)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Run in-process with one thread, as a pool worker does, so timings compare."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _crashed(config: RunConfig, error: BaseException) -> dict[str, Any]:
+    return plain(skeleton(config, f"worker crashed: {type(error).__name__}: {error}"))
+
+
+def _save(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write atomically, so an interrupted benchmark never leaves a half-written run."""
+    partial = path.with_name(path.name + ".partial")
+    write_json(partial, payload)
+    os.replace(partial, path)
+
+
+def _report_run(payload: Mapping[str, Any], console: Console) -> None:
+    name = f"{payload['env']} {payload['policy']} seed {payload['seed']}"
+    seconds = payload.get("wall_seconds") or 0.0
+    if payload["status"] == "failed":
+        console.print(f"{name}: FAILED ({payload['error']})", markup=False)
+        return
+    metrics = payload["metrics"] or {}
+    regret = metrics.get("cumulative_regret")
+    text = f"{name}: {payload['status']}, {metrics.get('rounds_completed', 0)} rounds"
+    text += "" if regret is None else f", cumulative regret {regret:.4g}"
+    if payload["status"] == "stopped":
+        text += f" ({payload['stop_reason']})"
+    if not console.is_terminal:
+        console.print(f"{text} [{seconds:.1f} s]", markup=False)
+    elif payload["status"] == "stopped":
+        console.print(text, markup=False)
+
+
+# --------------------------------------------------------------------------- summary
+def summarize(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (env, policy), in the order first met; see the module docstring."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for payload in runs:
+        groups.setdefault((payload["env"], payload["policy"]), []).append(payload)
+    return [_row(env, policy, group) for (env, policy), group in groups.items()]
+
+
+def _row(env: str, policy: str, group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    done = [p for p in group if p["status"] != "failed" and p.get("metrics")]
+    finals = {
+        name: [p["metrics"][name] for p in done]
+        for name in ("average_reward", "best_reward", "cumulative_regret")
+    }
+    row: dict[str, Any] = {"env": env, "policy": policy, "seeds": len(done)}
+    row["rounds"] = group[0]["rounds"]
+    for name in ("average_reward", "best_reward", "cumulative_regret"):
+        row[f"mean_{name}"], row[f"se_{name}"] = mean_se(finals[name])
+    for name in ("seconds_per_round", "decision_seconds", "update_seconds"):
+        row[name] = _mean([p["metrics"][name] for p in done])
+    row["optimum"] = _mean([p["optimum"] for p in group if p.get("optimum") is not None])
+    row["seeds_failed"] = sum(p["status"] == "failed" for p in group)
+    row["seeds_stopped_early"] = sum(p["status"] == "stopped" for p in group)
+    row["violations"] = sum(len(r.get("violations", [])) for p in group for r in p["history"])
+    budgets = {p["budget"] for p in group if p.get("budget") is not None}
+    if budgets:
+        row["budget"] = max(budgets)
+        row["max_budget_spent"] = max(p.get("spent", 0.0) for p in group)
+    return row
+
+
+def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and standard error (sample std, ddof 1, over √n); None where undefined."""
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return float(values[0]), None
+    return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def orderings(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """Per environment, policies from best to worst by each headline metric (no data last)."""
+    result: dict[str, dict[str, list[str]]] = {}
+    for env in dict.fromkeys(r["env"] for r in rows):
+        mine = [r for r in rows if r["env"] == env]
+        result[env] = {
+            "cumulative_regret": _ranked(mine, "mean_cumulative_regret", lower_is_better=True),
+            "average_reward": _ranked(mine, "mean_average_reward", lower_is_better=False),
+        }
+    return result
+
+
+def _ranked(rows: Sequence[Mapping[str, Any]], key: str, lower_is_better: bool) -> list[str]:
+    sign = 1.0 if lower_is_better else -1.0
+    have = sorted((r for r in rows if r[key] is not None), key=lambda r: sign * r[key])
+    return [r["policy"] for r in have] + [r["policy"] for r in rows if r[key] is None]
+
+
+COLUMNS = [
+    ("env", "env"),
+    ("policy", "policy"),
+    ("seeds", "seeds"),
+    ("rounds", "rounds"),
+    ("mean_average_reward", "avg reward"),
+    ("se_average_reward", "± SE"),
+    ("mean_best_reward", "best reward"),
+    ("mean_cumulative_regret", "cum. regret"),
+    ("se_cumulative_regret", "± SE"),
+    ("seconds_per_round", "s/round"),
+    ("optimum", "optimum"),
+]
+BUDGET_COLUMNS = [("budget", "budget"), ("max_budget_spent", "max spent")]
+OUTCOME_COLUMNS = [("seeds_stopped_early", "stopped"), ("seeds_failed", "failed")]
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    columns = COLUMNS + (BUDGET_COLUMNS if any("budget" in r for r in rows) else [])
+    columns += OUTCOME_COLUMNS
+    cells = [[_cell(r.get(key)) for key, _ in columns] for r in rows]
+    return [title for _, title in columns], cells
+
+
+def _cell(value: Any) -> Any:
+    return float("nan") if value is None else value
+
+
+def _write_summary(
+    out: Path,
+    configs: Sequence[RunConfig],
+    runs: Sequence[Mapping[str, Any]],
+    rows: list[dict[str, Any]],
+    workers: int,
+    console: Console,
+) -> None:
+    failures = [
+        {
+            **{k: p[k] for k in ("env", "policy", "seed", "error")},
+            "run": str(run_path(out, *_key(p))),
+        }
+        for p in runs
+        if p["status"] == "failed"
+    ]
+    config = {
+        "envs": list(dict.fromkeys(c.env for c in configs)),
+        "policies": list(dict.fromkeys(c.policy for c in configs)),
+        "seeds": len({c.seed for c in configs}),
+        "rounds": configs[0].rounds,
+        "settings": {c.policy: c.settings for c in configs if c.settings},
+        "workers": workers,
+        "threads_per_worker": 1,
+    }
+    ranks = orderings(rows)
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "version": SUMMARY_VERSION,
+        "machine": machine_info(),
+        "config": config,
+        "rows": rows,
+        "orderings": ranks,
+        "failures": failures,
+    }
+    write_json(out / "summary.json", plain(summary))
+    columns, cells = _table(rows)
+    (out / "summary.md").write_text(_markdown(config, columns, cells, rows, ranks, failures))
+    print_table(_title(config), columns, cells, console)
+    for env in config["envs"]:
+        path = out / f"{env}.png"
+        if plot_env(env, [p for p in runs if p["env"] == env], path):
+            console.print(f"plot: {path}")
+    for failure in failures:
+        console.print(f"FAILED {failure['run']}: {failure['error']}", markup=False)
+    console.print(f"summary: {out / 'summary.json'}, {out / 'summary.md'}")
+
+
+def _title(config: Mapping[str, Any]) -> str:
+    return (
+        f"Regret benchmark: {config['seeds']} seeds × {config['rounds']} rounds "
+        "(metrics at the last round, mean over seeds)"
+    )
+
+
+def _markdown(
+    config: Mapping[str, Any],
+    columns: Sequence[str],
+    cells: Sequence[Sequence[Any]],
+    rows: Sequence[Mapping[str, Any]],
+    ranks: Mapping[str, Mapping[str, list[str]]],
+    failures: Sequence[Mapping[str, Any]],
+) -> str:
+    lines = [f"# {_title(config)}", "", markdown_table(columns, cells), "## Orderings", ""]
+    by_key = {(r["env"], r["policy"]): r for r in rows}
+    for env, ranked in ranks.items():
+        regret = _ordering(env, ranked["cumulative_regret"], by_key, "cumulative_regret", " < ")
+        reward = _ordering(env, ranked["average_reward"], by_key, "average_reward", " > ")
+        lines += [
+            f"- **{env}** cumulative regret (lower is better): {regret}",
+            f"- **{env}** average reward (higher is better): {reward}",
+        ]
+    if failures:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- {f['env']} {f['policy']} seed {f['seed']}: {f['error']}" for f in failures]
+    lines += ["", "## Metrics", "", METRICS_MARKDOWN]
+    return "\n".join(lines)
+
+
+def _ordering(env: str, ranked: Sequence[str], by_key: Mapping, metric: str, sep: str) -> str:
+    parts = []
+    for policy in ranked:
+        row = by_key[env, policy]
+        mean, se = row[f"mean_{metric}"], row[f"se_{metric}"]
+        value = (
+            "no data" if mean is None else f"{mean:.4g}" + ("" if se is None else f" ± {se:.2g}")
+        )
+        parts.append(f"{policy} ({value})")
+    return sep.join(parts)
+
+
+METRICS_MARKDOWN = """\
+Over the R policy rounds t = 1..R (the environment's paper initial design is played and learned
+first and is not counted), with f* the environment's optimum and r_t = E[y | a_t] the oracle's
+noiseless expected reward of the intervention played in round t:
+
+- **average reward** A_t = (1/t) Σ_{s≤t} r_s, the running mean;
+- **best reward** B_t = max_{s≤t} r_s, the running max;
+- **cumulative regret** C_t = Σ_{s≤t} (f* − r_s);
+- **s/round** the mean wall time of one propose plus one learn (one torch thread per worker).
+
+The table gives each run's value at its last round (R, or earlier when the policy found nothing
+affordable; see "stopped"), averaged over seeds, with SE = sample std / √seeds. Failed runs are
+left out and counted. Plots show mean ± 1 SE over the runs that reached round t. Budget: spent
+sums the cost of the policy rounds; the initial design is not charged.
+"""
+
+
+# --------------------------------------------------------------------------- plots
+def plot_env(env: str, runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
+    """Average reward and cumulative regret against t for every policy; False if no data."""
+    by_policy: dict[str, list[Mapping[str, Any]]] = {}
+    for payload in runs:
+        if payload["status"] != "failed" and payload["history"]:
+            by_policy.setdefault(payload["policy"], []).append(payload)
+    if not by_policy:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (reward_ax, regret_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for policy, group in by_policy.items():
+        _band(reward_ax, group, "average_reward", policy)
+        _band(regret_ax, group, "cumulative_regret", policy)
+    optima = [p["optimum"] for group in by_policy.values() for p in group]
+    label = "optimum f*" if len(set(optima)) == 1 else "optimum f* (mean over seeds)"
+    reward_ax.axhline(float(np.mean(optima)), color="black", ls="--", lw=1, label=label)
+    seeds = max(len(group) for group in by_policy.values())
+    reward_ax.set_title(f"{env}: average reward (mean ± 1 SE, {seeds} seeds)")
+    reward_ax.set_ylabel(r"average reward $A_t$ (mean of E[y | $a_s$], $s \leq t$)")
+    regret_ax.set_title(f"{env}: cumulative regret (mean ± 1 SE, {seeds} seeds)")
+    regret_ax.set_ylabel(r"cumulative regret $C_t$ (sum of $f^*$ − E[y | $a_s$])")
+    for ax in (reward_ax, regret_ax):
+        ax.set_xlabel("policy round t (after the initial design)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _band(ax, group: Sequence[Mapping[str, Any]], metric: str, label: str) -> None:
+    series = [curves(p["history"])[metric] for p in group]
+    length = max(len(s) for s in series)
+    mean, se = np.full(length, np.nan), np.zeros(length)
+    for t in range(length):
+        mean[t], spread = mean_se([float(s[t]) for s in series if len(s) > t])
+        se[t] = spread or 0.0
+    t = np.arange(1, length + 1)
+    (line,) = ax.plot(t, mean, label=label)
+    ax.fill_between(t, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+
+
+# --------------------------------------------------------------------------- listing
+_PAPER = re.compile(r"paper (\d{3})")
+
+
+def list_choices(console: Console | None = None) -> None:
+    """Print the environments (paper, spec file or its absence) and the policies."""
+    console = console or wide_console()
+    try:
+        folder: Path | None = examples_dir()
+        where = str(folder)
+    except ExamplesNotFound as error:
+        folder, where = None, str(error)
+    table = Table(title=f"Environments (specs: {where})", title_justify="left")
+    for column in ("env", "paper", "spec"):
+        table.add_column(column)
+    for name in environment_names():
+        match = _PAPER.search(make_environment(name, 0).description)
+        spec = folder / f"{name}.yaml" if folder else None
+        shown = spec.name if spec and spec.is_file() else "missing"
+        table.add_row(name, match.group(1) if match else "—", shown)
+    console.print(table)
+    console.print("Policies: " + (", ".join(policy_names()) or "none"))

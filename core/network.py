@@ -1,0 +1,461 @@
+"""The causal function-network model (paper 004): one GP per node over a known DAG.
+
+Node i's GP maps (values of its parents, values of the soft actions that feed it) to its value.
+All node GPs live in one batched `IncrementalGP`, so a round's readings update every node in one
+call, and a node whose row completes later (a late reading) learns on its own. Under a hard
+intervention do(X_i = v) node i does not learn from that round: its value was set, not produced.
+
+Monte-Carlo rollouts propagate samples through the network in topological order: each node's
+posterior is evaluated at its parents' *sampled* values (reparameterization), batched over
+samples and candidates and differentiable in the actions. How a node's value is drawn from its
+posterior (optimistic MCBO hallucination, a posterior sample for EI-FN, the mean) is the caller's
+choice, passed as a `NodeSampler`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from core.gp import GPConfig, IncrementalGP, LearnReport
+from core.reward import RewardFunction
+from core.spec import ExperimentSpec
+
+Intervention = Mapping[str, float]
+Readings = Mapping[str, float]
+_MIN_VARIANCE = 1e-24  # output units²; see `NetworkModel.node_posterior`
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """What feeds a node's GP, in column order: parents first, then soft actions."""
+
+    parents: tuple[str, ...]
+    actions: tuple[str, ...]
+
+    @property
+    def width(self) -> int:
+        return len(self.parents) + len(self.actions)
+
+
+@dataclass(frozen=True)
+class NodeQuery:
+    """One node's posterior at a batch of inputs, handed to a `NodeSampler`.
+
+    Attributes:
+        node: the node's name.
+        inputs: (..., width) the GP inputs in declared units (parents, then actions).
+        mean: (...) posterior mean of the node's latent function.
+        std: (...) posterior standard deviation of the latent function.
+        noise_std: the node's observation-noise standard deviation (known or learned).
+    """
+
+    node: str
+    inputs: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    noise_std: float
+
+
+NodeSampler = Callable[[NodeQuery], torch.Tensor]
+
+
+def mean_sampler(query: NodeQuery) -> torch.Tensor:
+    """The posterior mean: a deterministic rollout."""
+    return query.mean
+
+
+@dataclass
+class Round:
+    """One round of history: what was done and what was read (possibly partial)."""
+
+    intervention: dict[str, float]
+    readings: dict[str, float] = field(default_factory=dict)
+    learned: set[str] = field(default_factory=set)
+
+
+class NetworkModel:
+    """Per-node GPs over the spec's DAG, learning round by round.
+
+    Args:
+        spec: the experiment spec (graph, actions, noise, model settings).
+        dtype, device: of every GP (float64 by default).
+    """
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        *,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.spec = spec
+        self.dtype, self.device = dtype, torch.device(device)
+        self.reward_node = spec.reward.node
+        # A decomposed reward (paper 003) is g(components), known: it has no GP of its own.
+        self.reward_function = RewardFunction(spec) if spec.reward.decomposed else None
+        self.nodes: list[str] = spec.topological_order()
+        self.order: list[str] = [  # the nodes with a GP, in topological order
+            n for n in self.nodes if not (self.reward_function and n == self.reward_node)
+        ]
+        self.action_names: list[str] = spec.action_names
+        self._action_column = {name: i for i, name in enumerate(self.action_names)}
+        self.inputs: dict[str, NodeInputs] = {
+            node.name: NodeInputs(tuple(node.parents), self._feeding_actions(node.name))
+            for node in spec.nodes
+        }
+        self.member: dict[str, int] = {name: i for i, name in enumerate(self.order)}
+        self._bounds = self._input_bounds()
+        self.gp = IncrementalGP(self._bounds, self._gp_config(), dims=self._dims())
+        self.history: list[Round] = []
+        self._flat: IncrementalGP | None = None  # actions -> reward, built on first use
+        self._flat_rounds: set[int] = set()  # rounds the flat GP has learned
+
+    # ------------------------------------------------------------------ structure
+    def _feeding_actions(self, node: str) -> tuple[str, ...]:
+        if self.spec.intervention == "hard":
+            return ()
+        return tuple(a.name for a in self.spec.actions if node in a.targets)
+
+    @property
+    def input_dim(self) -> int:
+        """Width of the batched GP inputs (the widest node, at least 1)."""
+        return max([1, *(inputs.width for inputs in self.inputs.values())])
+
+    def _dims(self) -> list[int]:
+        return [self.inputs[node].width for node in self.order]
+
+    def _input_bounds(self) -> torch.Tensor:
+        bounds = torch.zeros(len(self.order), self.input_dim, 2, dtype=self.dtype)
+        bounds[..., 1] = 1.0  # padding columns and input-free nodes: a constant 0 in [0, 1]
+        for j, node in enumerate(self.order):
+            columns = [self.spec.node(p).bounds for p in self.inputs[node].parents]
+            columns += [self.spec.action(a).bounds for a in self.inputs[node].actions]
+            for c, (low, high) in enumerate(columns):
+                bounds[j, c, 0], bounds[j, c, 1] = low, high
+        return bounds.to(self.device)
+
+    def _gp_config(self) -> GPConfig:
+        settings = self.spec.model
+        noise = []
+        for node in self.order:
+            std = self.spec.node(node).noise_std
+            noise.append(None if std is None else std**2)
+        return GPConfig(
+            kernel=settings.kernel,
+            noise_variance=noise,
+            priors=settings.priors,
+            refit_every=settings.refit_every,
+            misfit_z=settings.misfit_z,
+            window=settings.window,
+        )
+
+    def action_bounds(self) -> torch.Tensor:
+        """(A, 2) lower/upper bounds of the actions, in spec order."""
+        values = [a.bounds for a in self.spec.actions]
+        return torch.tensor(values, dtype=self.dtype, device=self.device)
+
+    def action_vector(self, intervention: Intervention) -> torch.Tensor:
+        """(A,) action values in spec order; an action not used this round is 0."""
+        vector = torch.zeros(len(self.action_names), dtype=self.dtype, device=self.device)
+        for name, value in intervention.items():
+            if name not in self._action_column:
+                raise KeyError(f"unknown action {name!r}")
+            vector[self._action_column[name]] = float(value)
+        return vector
+
+    def set_nodes(self, intervention: Intervention) -> set[str]:
+        """Nodes fixed by a hard intervention (empty for soft)."""
+        if self.spec.intervention != "hard":
+            return set()
+        return {self.spec.action(name).targets[0] for name in intervention}
+
+    def noise_std(self, node: str) -> float:
+        """The node's observation-noise std in its own units (known, or as learned)."""
+        j = self.member[node]
+        return math.sqrt(float(self.gp.noise[j])) * float(self.gp.y_scale[j])
+
+    def known_noise_std(self, node: str) -> float:
+        """The noise a rollout should add at a node: the spec's known std (0 for a noiseless
+        node, where `noise_std` reports the GP's numerical floor instead), else the learned one."""
+        std = self.spec.node(node).noise_std
+        return self.noise_std(node) if std is None else float(std)
+
+    def node_input_bounds(self, node: str) -> torch.Tensor:
+        """(width, 2) declared bounds of a node's GP inputs (parents, then soft actions)."""
+        return self._bounds[self.member[node], : self.inputs[node].width]
+
+    # ------------------------------------------------------------------ learning
+    def start_round(self, intervention: Intervention) -> int:
+        """Record an intervention about to be applied; returns its round index."""
+        self.history.append(Round({k: float(v) for k, v in intervention.items()}))
+        return len(self.history) - 1
+
+    def observe(self, round_index: int, readings: Readings, *, refit: bool = True) -> LearnReport:
+        """Add readings to a round; every node whose row is now complete learns, in one call.
+
+        A node's row is complete when its own reading and all its parents' readings have
+        arrived. Nodes set by a hard intervention never learn from the round.
+        """
+        record = self.history[round_index]
+        for node, value in readings.items():
+            if node not in self.inputs:
+                raise KeyError(f"unknown node {node!r}")
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"reading of {node} is not finite: {value}")
+            record.readings[node] = value
+        self._compose_reward(record)
+        ready = self._complete_nodes(record)
+        report = self._learn(record, ready, refit)
+        record.learned |= set(ready)
+        if self._flat is not None:
+            self._flat_learn(round_index, refit)
+        return report
+
+    def learn(
+        self, intervention: Intervention, readings: Readings, *, refit: bool = True
+    ) -> LearnReport:
+        """Record a whole round at once (intervention and all readings)."""
+        return self.observe(self.start_round(intervention), readings, refit=refit)
+
+    def _compose_reward(self, record: Round) -> None:
+        """A decomposed reward not reported itself is g of the reported components."""
+        g = self.reward_function
+        if g is None or self.reward_node in record.readings:
+            return
+        if all(c in record.readings for c in g.components):
+            components = torch.tensor([record.readings[c] for c in g.components], dtype=self.dtype)
+            actions = {
+                a: torch.tensor(float(record.intervention.get(a, 0.0)), dtype=self.dtype)
+                for a in self.action_names
+            }
+            record.readings[self.reward_node] = float(g(components, actions))
+
+    def _complete_nodes(self, record: Round) -> list[str]:
+        fixed = self.set_nodes(record.intervention)
+        return [
+            node
+            for node in self.order
+            if node not in record.learned
+            and node not in fixed
+            and node in record.readings
+            and all(p in record.readings for p in self.inputs[node].parents)
+        ]
+
+    def _learn(self, record: Round, nodes: Iterable[str], refit: bool) -> LearnReport:
+        b = len(self.order)
+        x = torch.zeros(b, self.input_dim, dtype=self.dtype, device=self.device)
+        y = torch.zeros(b, dtype=self.dtype, device=self.device)
+        mask = torch.zeros(b, dtype=torch.bool, device=self.device)
+        actions = record.intervention
+        for node in nodes:
+            j = self.member[node]
+            row = self.node_input_row(node, record.readings, actions)
+            x[j, : len(row)] = torch.tensor(row, dtype=self.dtype)
+            y[j] = record.readings[node]
+            mask[j] = True
+        return self.gp.learn_one(x, y, mask, refit=refit)
+
+    def node_input_row(self, node: str, readings: Readings, actions: Intervention) -> list[float]:
+        """The GP input of `node` for a round, in declared units."""
+        inputs = self.inputs[node]
+        return [readings[p] for p in inputs.parents] + [
+            float(actions.get(a, 0.0)) for a in inputs.actions
+        ]
+
+    @property
+    def observed_rewards(self) -> list[float]:
+        return [
+            r.readings[self.reward_node] for r in self.history if self.reward_node in r.readings
+        ]
+
+    # ------------------------------------------------------------------ pending rounds
+    def add_pending(self, intervention: Intervention) -> int:
+        """Condition every node on a round in flight, before its readings arrive.
+
+        Each node gets a pending point at its input under the intervention, with parents at the
+        posterior-mean rollout; its variance there shrinks and its mean does not move, so a
+        policy proposing the next round in parallel looks elsewhere. Returns a handle for
+        `drop_pending`, to be called before the round's readings are learned.
+        """
+        actions = self.action_vector(intervention).unsqueeze(0)
+        fixed = self.set_nodes(intervention)
+        set_actions = tuple(intervention) if self.spec.intervention == "hard" else ()
+        with torch.no_grad():
+            values = self.rollout(actions, mean_sampler, set_actions=set_actions)
+            x = torch.zeros(len(self.order), self.input_dim, dtype=self.dtype, device=self.device)
+            mask = torch.zeros(len(self.order), dtype=torch.bool, device=self.device)
+            for node in self.order:
+                if node in fixed:
+                    continue
+                inputs = self.node_inputs_at(node, actions, values).reshape(-1)
+                j = self.member[node]
+                x[j, : inputs.numel()] = inputs
+                mask[j] = True
+            return self.gp.add_pending(x, mask)
+
+    def drop_pending(self, handle: int) -> None:
+        """Forget a pending round (its readings are about to be learned, or will never come)."""
+        self.gp.drop_pending(handle)
+
+    # ------------------------------------------------------------------ prediction
+    def node_posterior(self, node: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and std of a node's latent function; differentiable in `inputs`.
+
+        Args:
+            inputs: (..., width) GP inputs in declared units (parents, then actions).
+
+        Returns:
+            mean (...), std (...).
+        """
+        lead = inputs.shape[:-1]
+        flat = inputs.reshape(lead.numel(), inputs.shape[-1])
+        pad = self.input_dim - flat.shape[-1]
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(flat.shape[0], pad)], dim=-1)
+        post = self.gp.posterior(flat, members=self.member[node])
+        # A floor under the variance keeps d(std)/d(inputs) finite where the variance is ~0 (at
+        # a training point of a near-noiseless node), so gradient-based optimizers see no NaN.
+        std = post.variance.clamp_min(_MIN_VARIANCE).sqrt()
+        return post.mean.reshape(lead), std.reshape(lead)
+
+    def rollout(
+        self,
+        actions: torch.Tensor,
+        sampler: NodeSampler = mean_sampler,
+        *,
+        set_actions: Sequence[str] = (),
+    ) -> dict[str, torch.Tensor]:
+        """Propagate values through the network in topological order.
+
+        Args:
+            actions: (..., A) action values in declared units (spec order); leading dims are
+                samples and/or candidates, broadcast through every node.
+            sampler: draws a node's value from its posterior at its (sampled) inputs.
+            set_actions: hard interventions: the actions in the target set; their nodes take
+                the action's value and have no GP in the rollout.
+
+        Returns:
+            node name -> (...) values.
+
+        A sampler may return values with more leading dims than the actions (say (S, b) draws
+        for (b, A) actions); they broadcast downstream, so a node that depends on no sampled
+        value is evaluated once per action row rather than once per draw.
+        """
+        fixed = {self.spec.action(a).targets[0]: self._action_column[a] for a in set_actions}
+        values: dict[str, torch.Tensor] = {}
+        for node in self.order:
+            if node in fixed:
+                values[node] = actions[..., fixed[node]]
+                continue
+            inputs = self.node_inputs_at(node, actions, values)
+            mean, std = self.node_posterior(node, inputs)
+            query = NodeQuery(node, inputs, mean, std, self.noise_std(node))
+            values[node] = sampler(query)
+        if self.reward_function is not None:
+            values[self.reward_node] = self.compose(values, actions)
+        return values
+
+    def compose(self, values: Mapping[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+        """The decomposed reward g from component values (...) and actions (..., A)."""
+        g = self.reward_function
+        assert g is not None
+        parts = [values[c] for c in g.components]
+        lead = torch.broadcast_shapes(actions.shape[:-1], *(p.shape for p in parts))
+        components = torch.stack([p.expand(lead) for p in parts], dim=-1)
+        named = {a: actions[..., i].expand(lead) for i, a in enumerate(self.action_names)}
+        return g(components, named)
+
+    def node_inputs_at(
+        self, node: str, actions: torch.Tensor, values: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """(..., width) GP inputs of `node`: its parents' `values`, then its soft actions."""
+        spec_inputs = self.inputs[node]
+        parents = [values[p] for p in spec_inputs.parents]
+        lead = torch.broadcast_shapes(actions.shape[:-1], *(v.shape for v in parents))
+        columns = [v.expand(lead) for v in parents]
+        columns += [actions[..., self._action_column[a]].expand(lead) for a in spec_inputs.actions]
+        if not columns:
+            return actions.new_zeros((*lead, 0))
+        return torch.stack(columns, dim=-1)
+
+    # ------------------------------------------------------------------ flat model (GP-UCB)
+    @property
+    def flat_dim(self) -> int:
+        """Width of the flat model's input: A values (soft), A values + A do-bits (hard)."""
+        return len(self.action_names) * (2 if self.spec.intervention == "hard" else 1)
+
+    def flat_encode(self, actions: torch.Tensor, set_actions: Sequence[str] = ()) -> torch.Tensor:
+        """Encode action vectors as inputs of the flat model; differentiable in `actions`.
+
+        Args:
+            actions: (..., A) action values in declared units (spec order).
+            set_actions: hard interventions: the target set. Its actions keep their values and
+                get a do-bit of 1; every other action gets its lower bound (a constant, so it
+                adds nothing to kernel distances) and a do-bit of 0. Ignored for soft.
+
+        Returns:
+            (..., flat_dim) inputs.
+        """
+        if self.spec.intervention != "hard":
+            return actions
+        used = torch.zeros(len(self.action_names), dtype=torch.bool, device=actions.device)
+        for name in set_actions:
+            used[self._action_column[name]] = True
+        lower = self.action_bounds()[:, 0].to(actions)
+        values = torch.where(used, actions, lower)
+        bits = used.to(actions.dtype).expand_as(actions)
+        return torch.cat([values, bits], dim=-1)
+
+    def flat_model(self) -> IncrementalGP:
+        """One GP from the encoded action vector to the reward, ignoring the graph (paper 004,
+        Fig. 1a; the GP-UCB baseline).
+
+        Built from `history` on first use, then kept up to date by `observe` as reward readings
+        arrive, so a model whose policy never asks for it pays nothing. Same kernel, priors and
+        refit schedule as the node GPs; the noise is the reward node's (known or learned).
+        """
+        if self._flat is None:
+            self._flat = IncrementalGP(self._flat_bounds(), self._flat_config())
+            self._flat_learn_history()
+        return self._flat
+
+    def _flat_bounds(self) -> torch.Tensor:
+        bounds = self.action_bounds()
+        if self.spec.intervention == "hard":
+            bits = torch.tensor([[0.0, 1.0]], dtype=self.dtype, device=self.device)
+            bounds = torch.cat([bounds, bits.expand(len(self.action_names), 2)])
+        return bounds
+
+    def _flat_config(self) -> GPConfig:
+        config = self._gp_config()
+        std = self.spec.node(self.reward_node).noise_std
+        config.noise_variance = None if std is None else std**2
+        return config
+
+    def _flat_row(self, record: Round) -> torch.Tensor:
+        actions = self.action_vector(record.intervention)
+        set_actions = tuple(record.intervention) if self.spec.intervention == "hard" else ()
+        return self.flat_encode(actions, set_actions)
+
+    def _flat_learn_history(self) -> None:
+        rounds = [i for i, r in enumerate(self.history) if self.reward_node in r.readings]
+        if not rounds:
+            return
+        x = torch.stack([self._flat_row(self.history[i]) for i in rounds]).unsqueeze(0)
+        y = [[self.history[i].readings[self.reward_node] for i in rounds]]
+        self._flat.learn_many(x, torch.tensor(y, dtype=self.dtype, device=self.device))
+        self._flat_rounds.update(rounds)
+
+    def _flat_learn(self, round_index: int, refit: bool) -> None:
+        record = self.history[round_index]
+        if round_index in self._flat_rounds or self.reward_node not in record.readings:
+            return
+        x = self._flat_row(record).unsqueeze(0)
+        y = torch.tensor([record.readings[self.reward_node]], dtype=self.dtype, device=self.device)
+        self._flat.learn_one(x, y, refit=refit)
+        self._flat_rounds.add(round_index)

@@ -1,0 +1,264 @@
+"""Maximizing an acquisition over a box: BoTorch's multi-start L-BFGS-B, a wall-clock cap, QMC.
+
+`maximize` wraps `botorch.optim.optimize_acqf` (q = 1) around any batched, differentiable
+function f: (b, D) -> (b,): `raw_samples` Sobol points are scored, `restarts` of them are chosen
+by BoTorch's Boltzmann rule (plus caller-given starting points such as warm starts), and all
+restarts run as one batched L-BFGS-B problem (SLSQP when a linear budget constraint is present),
+stopped by `timeout_sec`. BoTorch's own RNG use is confined to a forked, seeded RNG, so a
+proposal is reproducible from the policy's generator and the global RNG is untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from botorch.acquisition import AcquisitionFunction
+from botorch.exceptions.warnings import OptimizationWarning
+from botorch.optim import optimize_acqf
+from botorch.optim.initializers import initialize_q_batch
+
+Objective = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Deadline:
+    """A wall-clock cap shared by the steps of one proposal."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def remaining(self) -> float:
+        return max(self.end - time.monotonic(), 0.0)
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def share(self, parts_left: int) -> float:
+        """A fair slice of what remains for the next of `parts_left` parts."""
+        return self.remaining() / max(parts_left, 1)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def seed_from(generator: torch.Generator) -> int:
+    """A fresh integer seed drawn from the policy's generator."""
+    return int(torch.randint(2**31 - 1, (1,), generator=generator))
+
+
+def sobol_normals(
+    count: int, dim: int, seed: int, *, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """(count, dim) scrambled-Sobol standard normals (fixed base samples for QMC averages)."""
+    if dim == 0:
+        return torch.zeros(count, 0, dtype=dtype, device=device)
+    engine = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
+    u = engine.draw(count, dtype=torch.float64).clamp(1e-10, 1 - 1e-10)
+    return torch.special.ndtri(u).to(dtype=dtype, device=device)
+
+
+class _FunctionAcquisition(AcquisitionFunction):
+    """Lets `optimize_acqf` drive a plain function of (b, D) points (q = 1)."""
+
+    def __init__(self, fn: Objective) -> None:
+        torch.nn.Module.__init__(self)
+        self._fn = fn
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        lead = X.shape[:-2]
+        flat = X.reshape(-1, X.shape[-1])
+        return self._fn(flat).reshape(lead)
+
+
+@dataclass
+class BoxResult:
+    """The best point found and what it cost to find it.
+
+    Attributes:
+        x: (D,) best point.
+        value: f(x).
+        timed_out: the optimizer was stopped by its time limit.
+        seconds: wall-clock time spent.
+    """
+
+    x: torch.Tensor
+    value: float
+    timed_out: bool
+    seconds: float
+
+
+def maximize(
+    fn: Objective,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    *,
+    restarts: int,
+    raw_samples: int,
+    maxiter: int,
+    timeout: float,
+    seed: int,
+    initial: torch.Tensor | None = None,
+    inequality_constraints: list[tuple[torch.Tensor, torch.Tensor, float]] | None = None,
+    project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    raw_fn: Objective | None = None,
+    chunk: int = 256,
+) -> BoxResult:
+    """Maximize f over the box [lower, upper] (D dims) from multiple starts, within `timeout`.
+
+    The raw phase is done here (so the time cap covers it): `raw_samples` scrambled-Sobol points
+    (made feasible by `project`) are scored in chunks until they are done or half the time is
+    spent; BoTorch's Boltzmann rule (`initialize_q_batch`) picks `restarts` of them, `initial`
+    points are added, and `optimize_acqf` runs the gradient phase with the remaining time as
+    its `timeout_sec`. The best point seen (raw or optimized) is returned.
+
+    Args:
+        fn: (b, D) -> (b,), differentiable, independent across the batch.
+        restarts: L-BFGS-B starts chosen from the raw samples (in addition to `initial`).
+        raw_samples: Sobol points scored to choose the starts.
+        maxiter: L-BFGS-B iteration cap.
+        timeout: seconds for the whole call; the best point so far is returned when it runs out.
+        seed: seeds the raw samples and BoTorch's random choices.
+        initial: (k, D) extra starting points (must satisfy the constraints).
+        inequality_constraints: BoTorch's (indices, coefficients, rhs) with Σ c·x[i] ≥ rhs.
+        project: maps (n, D) box points into the feasible set (for the raw samples).
+        raw_fn: a cheaper stand-in for f to rank the raw samples (default f).
+        chunk: raw samples scored per call.
+    """
+    started = time.monotonic()
+    dim = lower.shape[-1]
+    if dim == 0:
+        with torch.no_grad():
+            value = fn(lower.new_zeros(1, 0))
+        return BoxResult(lower.new_zeros(0), float(value[0]), False, time.monotonic() - started)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        warnings.simplefilter("ignore", OptimizationWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        starts, best_raw, cut = raw_starts(
+            raw_fn or fn, lower, upper, raw_samples, restarts, timeout / 2, seed, project, chunk
+        )
+        candidates = best_raw.unsqueeze(0)
+        if initial is not None and len(initial):
+            extra = torch.minimum(torch.maximum(initial.to(lower), lower), upper)
+            candidates = torch.cat([candidates, extra])
+            starts = torch.cat([starts, extra])
+        with torch.no_grad():  # the best starting point under f itself
+            values = fn(candidates)
+        best_v, best_x = float(values.max()), candidates[int(values.argmax())]
+        remaining = timeout - (time.monotonic() - started)
+        if remaining <= 0:
+            return BoxResult(best_x, best_v, True, time.monotonic() - started)
+        x, value = optimize_acqf(
+            _FunctionAcquisition(fn),
+            bounds=torch.stack([lower, upper]),
+            q=1,
+            num_restarts=len(starts),
+            raw_samples=None,
+            options={"maxiter": maxiter, "batch_limit": len(starts)},
+            inequality_constraints=inequality_constraints,
+            batch_initial_conditions=starts.unsqueeze(-2),
+            timeout_sec=remaining,
+            retry_on_optimization_warning=False,
+        )
+    seconds = time.monotonic() - started
+    value = float(value.reshape(-1)[0])
+    if math.isfinite(value) and value >= best_v:
+        best_x, best_v = x.reshape(dim).detach(), value
+    return BoxResult(best_x, best_v, cut or seconds >= timeout, seconds)
+
+
+def raw_starts(
+    fn: Objective,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    raw_samples: int,
+    restarts: int,
+    timeout: float,
+    seed: int,
+    project: Callable[[torch.Tensor], torch.Tensor] | None,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Score Sobol points (in chunks, within `timeout`); Boltzmann-pick `restarts` starts.
+
+    Returns:
+        starts (restarts, D) — always including the best raw point —, the best raw point (D,),
+        and whether the time limit cut the scoring short.
+    """
+    started = time.monotonic()
+    engine = torch.quasirandom.SobolEngine(lower.shape[-1], scramble=True, seed=seed)
+    raw = engine.draw(max(raw_samples, restarts), dtype=torch.float64).to(lower)
+    raw = lower + (upper - lower) * raw
+    if project is not None:
+        raw = project(raw)
+    values, cut = [], False
+    with torch.no_grad():
+        for part in raw.split(chunk):
+            if values and time.monotonic() - started > timeout:
+                cut = True
+                break
+            values.append(fn(part))
+    scores = torch.cat(values)
+    raw = raw[: len(scores)]
+    scores = torch.where(torch.isfinite(scores), scores, torch.finfo(scores.dtype).min)
+    best = int(scores.argmax())
+    count = min(restarts, len(raw))
+    if count == len(raw) or float(scores.std()) == 0.0:
+        starts = raw[torch.randperm(len(raw))[:count]]
+    else:
+        starts, _ = initialize_q_batch(raw.unsqueeze(-2), scores, n=count)
+        starts = starts.squeeze(-2)
+    if not (starts == raw[best]).all(-1).any():  # always start from the best raw point too
+        starts = torch.cat([raw[best : best + 1], starts[: count - 1]])
+    return starts, raw[best], cut
+
+
+def ascend(
+    fn: Objective,
+    x0: torch.Tensor,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    deadline: Deadline | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Projected Adam ascent of a separable batched function from many starts at once.
+
+    Args:
+        fn: (b, D) -> (b,), each row independent (the sum is ascended).
+        x0: (b, D) starts; lower/upper: (D,) or (b, D) bounds.
+
+    Returns:
+        best point per row (b, D), its value (b,), and whether the deadline cut the run short.
+    """
+    x = torch.maximum(torch.minimum(x0.detach(), upper), lower).clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([x], lr=lr)
+    best_x = x.detach().clone()
+    best_v = torch.full(x.shape[:1], -math.inf, dtype=x.dtype, device=x.device)
+    timed_out = False
+    for _ in range(steps):
+        if deadline is not None and deadline.expired():
+            timed_out = True
+            break
+        optimizer.zero_grad()
+        value = fn(x)
+        with torch.no_grad():  # the value at x before the step: keep the best seen
+            better = value.detach() > best_v
+            best_x[better] = x.detach()[better]
+            best_v = torch.where(better, value.detach(), best_v)
+        (-value.sum()).backward()
+        optimizer.step()
+        with torch.no_grad():
+            x.copy_(torch.maximum(torch.minimum(x, upper), lower))
+    with torch.no_grad():
+        value = fn(x)
+        better = value > best_v
+        best_x[better] = x.detach()[better]
+        best_v = torch.where(better, value, best_v)
+    return best_x, best_v, timed_out

@@ -1,0 +1,123 @@
+"""The one interface every policy keeps: `propose(model, constraints, rng) -> Proposal`.
+
+A policy reads the model (never mutates it), respects the constraints, and returns one
+intervention with its acquisition value and cost. It never does I/O. Its settings come from the
+experiment spec (`policy.settings`) and are validated by the policy's own pydantic model, so a
+typo in a setting is an error that names it.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from core.network import NetworkModel
+from core.spec import ExperimentSpec
+
+
+class PolicySettings(BaseModel):
+    """Base of every policy's settings model: unknown settings are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NothingAffordable(RuntimeError):
+    """No admissible intervention fits the remaining budget: the policy declines to propose."""
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Limits a proposal must respect this round.
+
+    Attributes:
+        max_interventions: at most this many actions used (nonzero for soft, in the target set
+            for hard); None = no limit.
+        budget_per_round: cap on this round's cost; None = no cap.
+        budget_remaining: what is left of the total budget (after reservations); None = no cap.
+    """
+
+    max_interventions: int | None = None
+    budget_per_round: float | None = None
+    budget_remaining: float | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ExperimentSpec, spent: float = 0.0) -> Constraints:
+        limits = spec.constraints
+        remaining = None if limits.budget_total is None else max(limits.budget_total - spent, 0.0)
+        return cls(limits.max_interventions, limits.budget_per_round, remaining)
+
+    @property
+    def round_cap(self) -> float:
+        """The most one round may cost now (inf when unconstrained)."""
+        caps = [c for c in (self.budget_per_round, self.budget_remaining) if c is not None]
+        return min(caps, default=math.inf)
+
+
+def intervention_cost(spec: ExperimentSpec, intervention: Mapping[str, float]) -> float:
+    """Cost of an intervention: each used action's fixed cost plus its per-unit cost.
+
+    Soft: an action is used when its value is nonzero. Hard: every action in the target set.
+    """
+    total = 0.0
+    for name, value in intervention.items():
+        action = spec.action(name)
+        used = spec.intervention == "hard" or value != 0.0
+        total += (action.cost if used else 0.0) + action.cost_per_unit * abs(float(value))
+    return total
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposed intervention.
+
+    Attributes:
+        intervention: action name -> value in declared units. Soft: every action (0 = none).
+            Hard: exactly the actions of the chosen target set (empty: observational round).
+        acquisition_value: the policy's score of it (comparable within a policy only).
+        cost: its cost under the spec's cost model.
+        target_set: the actions used.
+        diagnostics: timings and optimizer facts for logs (seconds, restarts, timed_out, ...).
+    """
+
+    intervention: dict[str, float]
+    acquisition_value: float
+    cost: float
+    target_set: tuple[str, ...]
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(ABC):
+    """A decision rule over a `NetworkModel`.
+
+    Subclasses set `name` (the command-line name) and `Settings` (a `PolicySettings` model).
+    """
+
+    name: ClassVar[str]
+    Settings: ClassVar[type[PolicySettings]] = PolicySettings
+
+    def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
+        self.spec = spec
+        try:
+            self.settings = self.Settings.model_validate(dict(settings or {}))
+        except ValidationError as error:
+            problems = "; ".join(
+                f"policy.settings.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                for e in error.errors()
+            )
+            raise ValueError(f"{self.name}: {problems}") from None
+
+    @abstractmethod
+    def propose(
+        self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
+    ) -> Proposal:
+        """The next intervention.
+
+        Raises:
+            NothingAffordable: when no admissible intervention fits the constraints.
+        """

@@ -1,0 +1,166 @@
+"""What a simulator device does with one action, decided at once and without I/O.
+
+`Actuator.apply` turns an action into a `Plan`: the ack, the oracle message and the readings,
+each reading with its sequence number, its delay and how many copies to send (0: dropped, 2: a
+QoS 1 redelivery look-alike). Every random draw happens here, in the order actions arrive, so a
+fixed seed gives the same values, drops, duplicates and delays whatever the network does later.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from connectors.schemas import DEADLETTER_TEXT_LIMIT, Ack, Action, Oracle, Reading
+from sim.base import Environment
+
+
+class Rejected(Exception):
+    """The device will not apply an action; the message is the ack's reason."""
+
+
+@dataclass(frozen=True)
+class PlannedReading:
+    """One node's value of one round, `delay_s` after the action was applied."""
+
+    node: str
+    value: float
+    seq: int
+    delay_s: float
+    copies: int  # 0: dropped (the seq stays used, as for a message lost on the way), 1, or 2
+
+    def message(self, experiment: str, round_: int, device_id: str) -> Reading:
+        """The reading, stamped now (the sensor measures when it reports)."""
+        return Reading(
+            experiment=experiment,
+            round=round_,
+            node=self.node,
+            value=self.value,
+            seq=self.seq,
+            device_id=device_id,
+            at=time.time(),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one applied action makes the device publish."""
+
+    ack: Ack
+    oracle: Oracle | None
+    readings: tuple[PlannedReading, ...]  # sorted by delay
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How the device's sensors misbehave: delay, jitter, drops and duplicates."""
+
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    drop_rate: float = 0.0
+    duplicate_rate: float = 0.0
+
+
+class Actuator:
+    """Applies actions to an environment with seeded randomness; keeps per-node sequences.
+
+    Args:
+        env: the environment.
+        device_id: the id stamped on acks, readings and oracle messages.
+        noise: delay, jitter, drop and duplicate settings.
+        seed: seeds both the environment's noise (a torch.Generator) and the device's own draws.
+        seq_start: the first sequence number of every node.
+        optimum: E[y | a*] for oracle messages; None publishes no oracle.
+    """
+
+    def __init__(
+        self,
+        env: Environment,
+        device_id: str,
+        noise: Noise,
+        seed: int,
+        seq_start: int,
+        optimum: float | None,
+    ) -> None:
+        self.env = env
+        self.device_id = device_id
+        self.noise = noise
+        self.optimum = optimum
+        self._generator = torch.Generator().manual_seed(seed)
+        self._rng = random.Random(seed)
+        self._next_seq = dict.fromkeys(env.node_names, seq_start)
+
+    def apply(self, action: Action) -> Plan:
+        """Validate, step the environment once and plan the messages; Rejected if invalid."""
+        applied = self._validate(action)
+        values = self.env.step(applied, self._generator)
+        oracle = None if self.optimum is None else self._oracle(action, applied)
+        ack = Ack(
+            experiment=action.experiment,
+            round=action.round,
+            action_id=action.action_id,
+            device_id=self.device_id,
+            status="applied",
+            reason=None,
+            applied=applied,
+            at=time.time(),
+        )
+        readings = [self._plan_reading(node, values[node]) for node in self.env.node_names]
+        return Plan(ack, oracle, tuple(sorted(readings, key=lambda r: r.delay_s)))
+
+    def reject(self, action: Action, reason: str) -> Ack:
+        """The ack saying `action` was not applied, and why."""
+        return Ack(
+            experiment=action.experiment,
+            round=action.round,
+            action_id=action.action_id,
+            device_id=self.device_id,
+            status="rejected",
+            reason=_clip(reason),
+            applied={},
+            at=time.time(),
+        )
+
+    def _validate(self, action: Action) -> dict[str, float]:
+        env = self.env
+        if action.kind != env.intervention_type:
+            raise Rejected(
+                f"{env.name} takes {env.intervention_type} interventions, not {action.kind}"
+            )
+        try:
+            return env.validate(action.intervention)
+        except ValueError as error:
+            raise Rejected(str(error)) from None
+
+    def _oracle(self, action: Action, applied: dict[str, float]) -> Oracle:
+        assert self.optimum is not None
+        return Oracle(
+            experiment=action.experiment,
+            round=action.round,
+            action_id=action.action_id,
+            expected_reward=float(self.env.expected_reward(applied)),
+            optimum=self.optimum,
+            device_id=self.device_id,
+            at=time.time(),
+        )
+
+    def _plan_reading(self, node: str, value: float) -> PlannedReading:
+        # Three draws per reading whatever the rates, so changing one rate does not reshuffle
+        # the others' decisions for the same seed.
+        drop, duplicate, jitter = self._rng.random(), self._rng.random(), self._rng.random()
+        noise = self.noise
+        copies = 0 if drop < noise.drop_rate else 2 if duplicate < noise.duplicate_rate else 1
+        if not math.isfinite(value):
+            copies = 0  # no schema can carry it; the seq stays used like a lost message's
+        seq = self._next_seq[node]
+        self._next_seq[node] = seq + 1
+        delay_s = noise.delay_s + jitter * noise.jitter_s
+        return PlannedReading(node, float(value), seq, delay_s, copies)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DEADLETTER_TEXT_LIMIT else text[: DEADLETTER_TEXT_LIMIT - 1] + "…"

@@ -1,0 +1,348 @@
+"""MCBO, EI-FN and GP-UCB: acquisitions, regions, constraints, the flat model, the time cap."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from core.network import NetworkModel, mean_sampler
+from policies._beta import BetaSchedule, beta_at
+from policies._optimize import Deadline
+from policies._search import ratio_scorer
+from policies._supports import admissible_candidates, admissible_regions
+from policies.base import Constraints, NothingAffordable, intervention_cost
+from policies.registry import make_policy, policy_names
+from tests.test_policies_helpers import (
+    FAST,
+    POLICIES,
+    chain_spec,
+    random_intervention,
+    trained_model,
+    truth,
+)
+
+
+def _problem(name: str, model: NetworkModel, **settings):
+    policy = make_policy(name, model.spec, {**FAST[name], **settings})
+    return policy, policy.problem(model, 0, Deadline(60.0))
+
+
+def test_policies_are_registered():
+    assert set(POLICIES) <= set(policy_names())
+
+
+# ---------------------------------------------------------------------- acquisitions
+def test_rollout_at_zero_variance_is_the_deterministic_network():
+    """GPs trained at exactly the inputs a rollout queries: optimism has nothing to add."""
+    spec = chain_spec()
+    model = NetworkModel(spec)
+    grid = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
+    points = torch.cartesian_prod(grid, grid, grid)[::3]
+    for point in points:
+        intervention = dict(zip(spec.action_names, point.tolist(), strict=True))
+        model.learn(intervention, truth(spec, intervention))
+    _, problem = _problem("mcbo", model, beta=2.0)
+    eta = 2 * torch.rand(len(points), 2, dtype=torch.float64) - 1
+    optimistic = problem.optimistic_reward(points, eta, (), 2.0)
+    expected = torch.tensor(
+        [truth(spec, dict(zip(spec.action_names, p.tolist(), strict=True)))["Y"] for p in points],
+        dtype=torch.float64,
+    )
+    assert torch.allclose(optimistic, expected, atol=2e-2)
+    _, std = model.node_posterior("Y", torch.zeros(1, 2, dtype=torch.float64))
+    assert std.shape == (1,)
+
+
+def test_mcbo_with_beta_zero_is_the_mean_rollout():
+    spec = chain_spec()
+    model = trained_model(spec, 8)
+    _, problem = _problem("mcbo", model, beta=0.0)
+    region = admissible_regions(model, Constraints())[0]
+    x = torch.rand(7, region.dim + 2, dtype=torch.float64)
+    x[:, region.dim :] = 2 * x[:, region.dim :] - 1
+    mean = model.rollout(region.embed(x[:, : region.dim]), mean_sampler)["Y"]
+    assert torch.allclose(problem.evaluate(region, x), mean, atol=1e-12)
+
+
+def test_mcbo_reward_node_is_optimistic_by_beta_sigma():
+    """With η = 0 upstream, β only adds β·σ_Y at the reward (η_Y ≡ +1)."""
+    spec = chain_spec()
+    model = trained_model(spec, 5)
+    _, problem = _problem("mcbo", model)
+    actions = torch.full((1, 3), 0.3, dtype=torch.float64)
+    eta = torch.zeros(1, 2, dtype=torch.float64)
+    zero = problem.optimistic_reward(actions, eta, (), 0.0)
+    one = problem.optimistic_reward(actions, eta, (), 1.0)
+    values = model.rollout(actions, mean_sampler)
+    inputs = torch.stack([values["X1"], actions[:, 2]], dim=-1)
+    _, std = model.node_posterior("Y", inputs)
+    assert torch.allclose(one - zero, std)
+
+
+def test_eifn_acquisition_matches_brute_force_monte_carlo():
+    spec = chain_spec(noise=0.3)
+    model = trained_model(spec, 6)
+    _, problem = _problem("eifn", model, mc_samples=4096)
+    actions = torch.tensor([[0.2, 0.7, 0.5], [0.9, 0.1, 0.3]], dtype=torch.float64)
+    qmc = problem.expected_improvement(actions, ())
+
+    generator = torch.Generator().manual_seed(5)
+    count = 100_000
+    values = {}
+    for node in model.order:
+        inputs = model.node_inputs_at(node, actions.unsqueeze(0).expand(count, 2, 3), values)
+        mean, std = model.node_posterior(node, inputs)
+        z = torch.randn(count, 2, generator=generator, dtype=torch.float64)
+        e = torch.randn(count, 2, generator=generator, dtype=torch.float64)
+        values[node] = mean + std * z + model.known_noise_std(node) * e
+    brute = (values["Y"] - max(model.observed_rewards)).clamp_min(0).mean(0)
+    assert torch.allclose(qmc, brute, rtol=0.05, atol=2e-3)
+
+
+def test_gpucb_uses_beta_as_a_sigma_multiplier():
+    spec = chain_spec()
+    model = trained_model(spec, 6)
+    _, problem = _problem("gpucb", model, beta=2.0)
+    actions = torch.rand(4, 3, dtype=torch.float64)
+    post = model.flat_model().posterior(actions.unsqueeze(0), members=[0])
+    expected = post.mean[0] + 2.0 * post.variance[0].sqrt()
+    assert torch.allclose(problem.ucb(actions, (), 2.0), expected)
+
+
+def test_beta_schedule_grows_like_sqrt_log_t():
+    spec = chain_spec()
+    model = trained_model(spec, 100)
+    assert beta_at(0.5, None, model) == 0.5
+    assert beta_at(0.5, BetaSchedule(kind="constant"), model) == 0.5
+    grown = beta_at(0.5, BetaSchedule(rate=0.2), model)
+    assert grown == pytest.approx(0.5 * math.sqrt(1 + 0.2 * math.log(100)))
+
+
+# ---------------------------------------------------------------------- flat model
+@pytest.mark.parametrize("intervention", ["soft", "hard"])
+def test_flat_model_is_built_lazily_and_kept_up_to_date(intervention):
+    spec = chain_spec(intervention=intervention)
+    eager = NetworkModel(spec)
+    eager.flat_model()  # built before any data: learns every round through `observe`
+    lazy = trained_model(spec, 6)
+    assert lazy._flat is None
+    lazy.flat_model()  # built from the 6 rounds of history
+    generator = torch.Generator().manual_seed(3)
+    for intervention_ in [random_intervention(spec, generator) for _ in range(4)]:
+        lazy.learn(intervention_, truth(spec, intervention_))
+    for record in lazy.history:
+        eager.learn(record.intervention, record.readings)
+    rewards = torch.tensor(lazy.observed_rewards, dtype=torch.float64)
+    for model in (eager, lazy):
+        gp = model.flat_model()
+        assert int(gp.num_observations[0]) == 10
+        rows = torch.stack([model._flat_row(r) for r in model.history]).unsqueeze(0)
+        # Noiseless reward: the GP interpolates every reading it has learned.
+        assert torch.allclose(gp.posterior(rows).mean[0], rewards, atol=1e-2)
+
+
+def test_flat_encoding_of_hard_interventions_has_do_bits():
+    spec = chain_spec(intervention="hard")
+    model = NetworkModel(spec)
+    actions = torch.tensor([[0.3, 0.8]], dtype=torch.float64)
+    encoded = model.flat_encode(actions, ("a1",))
+    assert encoded.tolist() == [[0.0, 0.8, 0.0, 1.0]]
+
+
+# ---------------------------------------------------------------------- regions
+def test_soft_supports_respect_the_cardinality_limit():
+    spec = chain_spec(nodes=4, constraints={"max_interventions": 2})
+    model = NetworkModel(spec)
+    regions = admissible_regions(model, Constraints(max_interventions=2))
+    # Supports of size 2 dominate their subsets (values may be 0, no budget): C(4, 2) = 6.
+    assert sorted(r.actions for r in regions) == sorted(
+        [("a0", "a1"), ("a0", "a2"), ("a0", "a3"), ("a1", "a2"), ("a1", "a3"), ("a2", "a3")]
+    )
+
+
+def test_budget_skips_supports_and_adds_a_linear_constraint():
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [0.0, 1.0], "cost": 1.0, "cost_per_unit": 2.0},
+        {"name": "a1", "targets": ["X1"], "bounds": [0.0, 1.0], "cost": 3.0},
+        {"name": "a2", "targets": ["Y"], "bounds": [0.0, 1.0], "cost": 0.5},
+    ]
+    spec = chain_spec(actions=actions)
+    model = NetworkModel(spec)
+    regions = admissible_regions(model, Constraints(budget_per_round=2.5))
+    supports = {r.actions for r in regions}
+    assert all("a1" not in s for s in supports)  # its fixed cost 3 exceeds the cap
+    both = next(r for r in regions if r.actions == ("a0", "a2"))
+    ((indices, coefficients, rhs),) = both.inequality_constraints()
+    assert (
+        indices.tolist() == [0] and coefficients.tolist() == [-2.0] and rhs == pytest.approx(-1.0)
+    )
+    pulled = both.feasible(torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    assert float(both.cost(pulled)) == pytest.approx(2.5)
+
+
+def test_negative_bounds_split_into_sign_orthants_when_the_budget_binds():
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [-2.0, 1.0], "cost": 0.0, "cost_per_unit": 1.0}
+    ]
+    spec = chain_spec(actions=actions, nodes=2)
+    model = NetworkModel(spec)
+    assert len(admissible_regions(model, Constraints(budget_per_round=5.0))) == 1  # never binds
+    regions = admissible_regions(model, Constraints(budget_per_round=0.5))
+    boxes = sorted((float(r.lower[0]), float(r.upper[0])) for r in regions)
+    assert boxes == [(-2.0, 0.0), (0.0, 1.0)]
+    for region in regions:
+        points = region.feasible(region.lower + (region.upper - region.lower) * torch.rand(50, 1))
+        assert (region.cost(points) <= 0.5 + 1e-12).all()
+
+
+def test_hard_target_sets_filtered_by_cardinality_and_budget():
+    spec = chain_spec(
+        intervention="hard",
+        target_sets=[[], ["a0"], ["a1"], ["a0", "a1"]],
+    )
+    model = NetworkModel(spec)
+    regions = admissible_regions(model, Constraints(max_interventions=1, budget_per_round=1.5))
+    assert sorted(r.actions for r in regions) == [(), ("a0",), ("a1",)]
+    regions = admissible_regions(model, Constraints(budget_remaining=0.5))
+    assert [r.actions for r in regions] == [()]
+
+
+def test_nothing_affordable():
+    spec = chain_spec(intervention="hard", target_sets=[["a0"], ["a1"]])
+    model = trained_model(spec, 3)
+    for name in POLICIES:
+        policy = make_policy(name, spec, FAST[name])
+        with pytest.raises(NothingAffordable):
+            policy.propose(model, Constraints(budget_remaining=0.5), torch.Generator())
+    mandatory = [{"name": "a0", "targets": ["X0"], "bounds": [0.5, 1.0], "cost": 2.0}]
+    soft = chain_spec(actions=mandatory, nodes=2)
+    with pytest.raises(NothingAffordable):
+        admissible_regions(NetworkModel(soft), Constraints(budget_per_round=1.0))
+    listed = chain_spec(candidates=[[1.0, 1.0, 0.0], [0.5, 0.0, 0.0]])
+    with pytest.raises(NothingAffordable):
+        admissible_candidates(NetworkModel(listed), Constraints(budget_per_round=0.5))
+
+
+# ---------------------------------------------------------------------- proposals
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("intervention", ["soft", "hard"])
+def test_proposals_are_admissible(name, intervention):
+    spec = chain_spec(intervention=intervention, noise=0.1)
+    model = trained_model(spec, 6)
+    policy = make_policy(name, spec, FAST[name])
+    rng = torch.Generator().manual_seed(1)
+    proposal = policy.propose(model, Constraints(max_interventions=1), rng)
+    for action, value in proposal.intervention.items():
+        low, high = spec.action(action).bounds
+        assert low <= value <= high
+    if intervention == "hard":
+        assert list(proposal.intervention) in [list(s) for s in spec.allowed_target_sets()]
+        assert len(proposal.intervention) <= 1
+    else:
+        assert sum(v != 0 for v in proposal.intervention.values()) <= 1
+    assert proposal.cost == intervention_cost(spec, proposal.intervention)
+    assert math.isfinite(proposal.acquisition_value)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_candidates_are_scored_exhaustively(name):
+    candidates = [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]]
+    spec = chain_spec(candidates=candidates)
+    model = trained_model(spec, 6)
+    policy = make_policy(name, spec, FAST[name])
+    proposal = policy.propose(model, Constraints(max_interventions=2), torch.Generator())
+    point = [proposal.intervention[a] for a in spec.action_names]
+    assert point in candidates[:2]  # the others use three actions
+    assert proposal.diagnostics["candidates"] == 2
+
+
+def test_cost_aware_scores_improvement_per_cost():
+    spec = chain_spec(nodes=2)
+    model = NetworkModel(spec)
+    region = admissible_regions(model, Constraints())[0]
+    score = ratio_scorer(1.0, 1e-6)
+    values = torch.tensor([[0.0, 0.0], [0.5, 0.0]], dtype=torch.float64)
+    acquisition = torch.tensor([3.0, 0.5], dtype=torch.float64)
+    assert score(region, acquisition, values).tolist() == [1.0, 0.0]  # fixed cost 2, improvement 2
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_cost_aware_proposals_fit_the_budget(name):
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [0.0, 1.0], "cost": 0.1, "cost_per_unit": 1.0},
+        {"name": "a1", "targets": ["X1"], "bounds": [-1.0, 1.0], "cost": 1.0, "cost_per_unit": 1.0},
+        {"name": "a2", "targets": ["Y"], "bounds": [0.0, 1.0], "cost": 2.0},
+    ]
+    spec = chain_spec(actions=actions, noise=0.1)
+    model = trained_model(spec, 6)
+    policy = make_policy(name, spec, {**FAST[name], "cost_aware": True})
+    constraints = Constraints(budget_per_round=1.6)
+    proposal = policy.propose(model, constraints, torch.Generator().manual_seed(0))
+    assert proposal.cost <= 1.6 + 1e-9
+    assert "cost_baseline" in proposal.diagnostics
+
+
+def test_mcbo_network_mode_warm_starts_from_the_previous_round():
+    spec = chain_spec(noise=0.2)
+    model = trained_model(spec, 6)
+    policy = make_policy("mcbo", spec, FAST["mcbo"])
+    rng = torch.Generator().manual_seed(0)
+    first = policy.propose(model, Constraints(), rng)
+    assert first.diagnostics["eta"] == "network" and first.diagnostics["warm_started"] == 0
+    second = policy.propose(model, Constraints(), rng)
+    assert second.diagnostics["warm_started"] == 1
+
+
+def test_eta_mode_auto_follows_the_noise():
+    """Network η only where a hallucinated node's inputs vary with the noise."""
+    policy = make_policy("mcbo", chain_spec())
+    assert policy.eta_mode(NetworkModel(chain_spec())) == "constant"
+    assert policy.eta_mode(NetworkModel(chain_spec(noise=0.1))) == "network"
+    # X0 -> Y only: X0's inputs are the actions, and η_Y ≡ 1: constant suffices.
+    assert policy.eta_mode(NetworkModel(chain_spec(noise=0.1, nodes=2))) == "constant"
+    hard = NetworkModel(chain_spec(intervention="hard", noise=0.1))
+    assert policy.eta_mode(hard, ()) == "network"
+    assert policy.eta_mode(hard, ("a0",)) == "constant"  # X0 set: X1 sees a fixed input
+    assert policy.eta_mode(hard, ("a1",)) == "constant"  # X1 set: only the root X0 is free
+    forced = make_policy("mcbo", chain_spec(), {"eta": "network"})
+    assert forced.eta_mode(NetworkModel(chain_spec())) == "network"
+
+
+def test_invalid_settings_name_the_field():
+    with pytest.raises(ValueError, match="beta"):
+        make_policy("mcbo", chain_spec(), {"beta": -1})
+    with pytest.raises(ValueError, match="betta"):
+        make_policy("gpucb", chain_spec(), {"betta": 1})
+
+
+# ---------------------------------------------------------------------- wall-clock cap
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        ("mcbo", {"eta": "network", "steps": 100_000, "nn_restarts": 16}),
+        ("mcbo", {"eta": "constant", "restarts": 64, "raw_samples": 2048, "maxiter": 100_000}),
+        ("eifn", {"restarts": 64, "raw_samples": 1024, "maxiter": 100_000, "mc_samples": 512}),
+    ],
+)
+def test_wall_clock_cap_is_honoured(name, settings):
+    spec = chain_spec(noise=0.2, nodes=4)
+    model = trained_model(spec, 20)
+    policy = make_policy(name, spec, {**settings, "max_seconds": 0.5})
+    started = time.perf_counter()
+    proposal = policy.propose(model, Constraints(), torch.Generator().manual_seed(0))
+    assert time.perf_counter() - started < 2.0
+    if name == "mcbo" and settings["eta"] == "network":
+        assert proposal.diagnostics["timed_out"]
+
+
+def test_cost_floor_defaults_to_the_cheapest_paid_action():
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [0.0, 1.0], "cost": 0.0},
+        {"name": "a1", "targets": ["Y"], "bounds": [0.0, 1.0], "cost": 0.25},
+    ]
+    spec = chain_spec(actions=actions, nodes=2)
+    assert make_policy("gpucb", spec)._cost_floor() == 0.25
+    assert make_policy("gpucb", spec, {"cost_floor": 0.01})._cost_floor() == 0.01
