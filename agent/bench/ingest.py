@@ -1,0 +1,380 @@
+"""`cbo-agent bench ingest`: feedback throughput through a real Mosquitto, and decision latency.
+
+Throughput. A local Mosquitto (unlimited queues and in-flight window) holds N queued readings for
+each receiver's persistent session; each receiver then connects and drains them, timed from
+the moment it is subscribed to the moment the last reading is handled:
+  bare   an aiomqtt subscriber that only counts messages (the ceiling of the client stack);
+  agent  the service: decode and validate, join to rounds, store durably (SQLite, fsync),
+         update every node's GP (row appends), acknowledge.
+The agent's experiment holds R acknowledged rounds (proposed in-process beforehand), and the
+readings are those the environment produces for them, so every one is accepted and teaches.
+
+Decision latency. For each environment, the service runs K rounds against the simulator device
+over the same broker; the latency of a round is the time from its last reading to the next action
+leaving for the broker. Beside it: one "refit everything" round as the papers' code does it —
+every node's hyperparameters fitted from scratch and its factor rebuilt — on the same final data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import torch
+from rich.console import Console
+
+from agent.bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.experiment import Experiment, RoundEvent
+from agent.paths import example_spec as example_spec_path
+from agent.runtime import AgentService
+from connectors.mosquitto import MosquittoBroker, MosquittoOptions
+from connectors.mqtt import BrokerConfig, MqttConnection
+from connectors.schemas import Ack, Reading, encode
+from connectors.store import Store
+from connectors.topics import Topics
+from core.hyperfit import fit_hyperparameters
+from core.spec import ExperimentSpec, load_spec
+from sim.device import DeviceSettings, SimulatorDevice
+from sim.registry import make_environment
+
+_BROKER_LINES = ("max_queued_messages 0", "max_queued_bytes 0", "max_inflight_messages 0")
+TOPICS = Topics()
+WAIT_S = 600.0
+
+
+@dataclass
+class IngestResult:
+    readings: int
+    rounds: int
+    nodes: int
+    bare_msgs_per_s: float
+    agent_msgs_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.agent_msgs_per_s / self.bare_msgs_per_s
+
+
+@dataclass
+class LatencyResult:
+    env: str
+    policy: str
+    rounds: int
+    decision_latency_p50_s: float
+    decision_latency_p95_s: float
+    decision_seconds_p50: float
+    refit_everything_s: float
+
+
+# ---------------------------------------------------------------------- throughput
+def _throughput_spec(env: str, rounds: int) -> ExperimentSpec:
+    spec = load_spec(example_spec_path(env))
+    return spec.model_copy(
+        update={
+            "name": "ingest",
+            "policy": spec.policy.model_copy(update={"name": "random", "settings": {}}),
+            "schedule": spec.schedule.model_copy(
+                update={"max_rounds": rounds, "round_timeout_s": 3600.0, "ack_timeout_s": 3600.0}
+            ),
+            "model": spec.model.model_copy(update={"refit_every": None, "misfit_z": None}),
+        }
+    )
+
+
+def _prepare_rounds(
+    env_name: str, spec: ExperimentSpec, store_path: Path, seed: int
+) -> list[Reading]:
+    """R acknowledged rounds in the agent's store, and the readings the environment gives."""
+    env = make_environment(env_name, seed)
+    generator = torch.Generator().manual_seed(seed)
+    readings: list[Reading] = []
+    with Store(store_path) as store:
+        exp = Experiment(spec, store, seed=seed)
+        for seq in range(spec.schedule.max_rounds):
+            live = exp.propose()
+            exp.mark_published(live.number)
+            exp.on_ack(
+                Ack(
+                    experiment=spec.name,
+                    round=live.number,
+                    action_id=live.action.action_id,
+                    device_id="bench",
+                    status="applied",
+                    reason=None,
+                    applied=live.intervention,
+                    at=time.time(),
+                )
+            )
+            values = env.step(live.intervention, generator)
+            readings += [
+                Reading(
+                    experiment=spec.name,
+                    round=live.number,
+                    node=node,
+                    value=value,
+                    seq=seq,
+                    device_id=f"sensor-{node}",
+                    at=time.time(),
+                )
+                for node, value in values.items()
+            ]
+    return readings
+
+
+def _fill(port: int, payloads: list[bytes], topic: str) -> None:
+    """Publish every payload with QoS 1 and wait for the broker to have them all."""
+    client = paho.Client(
+        paho.CallbackAPIVersion.VERSION2, client_id="bench-filler", protocol=paho.MQTTv5
+    )
+    client.max_inflight_messages_set(1000)
+    client.max_queued_messages_set(0)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        infos = [client.publish(topic, payload, qos=1) for payload in payloads]
+        for info in infos:
+            info.wait_for_publish(timeout=60)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+
+
+def _session_config(port: int, client_id: str) -> BrokerConfig:
+    return BrokerConfig(
+        host="127.0.0.1",
+        port=port,
+        client_id=client_id,
+        protocol="5",
+        clean_start=False,
+        session_expiry_s=600,
+    )
+
+
+async def _bare_rate(port: int, payloads: list[bytes], topic: str) -> float:
+    config = _session_config(port, "bench-bare")
+    async with MqttConnection(config) as connection:
+        await connection.subscribe(topic)
+    await asyncio.to_thread(_fill, port, payloads, topic)
+    async with MqttConnection(config) as connection:
+        started, count = time.perf_counter(), 0
+        async for _ in connection.messages():
+            count += 1
+            if count == len(payloads):
+                break
+        return count / (time.perf_counter() - started)
+
+
+async def _agent_rate(
+    port: int, spec: ExperimentSpec, store_path: Path, payloads: list[bytes]
+) -> float:
+    config = AgentConfig(
+        agent_id="bench-agent",
+        broker=BrokerSection(url=f"mqtt://127.0.0.1:{port}"),
+        metrics=MetricsSection(port=0),
+        store=StoreSection(path=str(store_path)),
+    )
+    # A first, short life creates the agent's persistent session and subscriptions.
+    await _run_until(AgentService(config, [spec]), lambda service: service.link.connected)
+    await asyncio.to_thread(_fill, port, payloads, TOPICS.reading(spec.name))
+    service = AgentService(config, [spec])
+    marks: dict[str, float] = {}
+
+    def drained(current: AgentService) -> bool:
+        if "start" not in marks and current.link.connected:
+            marks["start"] = time.perf_counter()
+        handled = sum(
+            current.handled[(spec.name, "reading", outcome)]
+            for outcome in ("accepted", "late", "duplicate")
+        )
+        return handled >= len(payloads)
+
+    await _run_until(service, drained, poll_s=0.002)
+    return len(payloads) / (time.perf_counter() - marks["start"])
+
+
+async def _run_until(service: AgentService, done, poll_s: float = 0.01) -> None:
+    task = asyncio.create_task(service.run())
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (service.experiments and done(service)):
+            if task.done():
+                task.result()
+                raise RuntimeError("the agent stopped before the benchmark condition held")
+            if time.monotonic() > deadline:
+                raise TimeoutError("benchmark condition not reached in time")
+            await asyncio.sleep(poll_s)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def measure_throughput(
+    env: str, rounds: int, broker: MosquittoBroker, workdir: Path, seed: int = 0
+) -> IngestResult:
+    spec = _throughput_spec(env, rounds)
+    store_path = workdir / "ingest.sqlite"
+    readings = await asyncio.to_thread(_prepare_rounds, env, spec, store_path, seed)
+    payloads = [encode(reading) for reading in readings]
+    bare = await _bare_rate(broker.port, payloads, TOPICS.reading(spec.name))
+    agent = await _agent_rate(broker.port, spec, store_path, payloads)
+    return IngestResult(len(payloads), rounds, len(spec.nodes), bare, agent)
+
+
+# ---------------------------------------------------------------------- decision latency
+async def measure_latency(
+    env_name: str, rounds: int, broker: MosquittoBroker, workdir: Path, seed: int = 0
+) -> LatencyResult:
+    spec = load_spec(example_spec_path(env_name))
+    spec = spec.model_copy(
+        update={
+            "name": f"latency-{env_name}",
+            "schedule": spec.schedule.model_copy(update={"max_rounds": rounds}),
+            "initial_design": spec.initial_design.model_copy(
+                update={"rounds": min(2 * (len(spec.actions) + 1), rounds // 2)}
+            ),
+        }
+    )
+    env = make_environment(env_name, seed)
+    device = SimulatorDevice(
+        env,
+        BrokerConfig(host="127.0.0.1", port=broker.port),
+        DeviceSettings(experiment=spec.name, seed=seed),
+    )
+    events: list[RoundEvent] = []
+    config = AgentConfig(
+        agent_id=f"latency-{env_name}",
+        broker=BrokerSection(url=broker.url),
+        metrics=MetricsSection(port=0),
+        store=StoreSection(path=str(workdir / f"{env_name}.db")),
+    )
+    service = AgentService(config, [spec], on_event=events.append)
+    device_task = asyncio.create_task(device.run())
+    try:
+        await asyncio.wait_for(device.ready.wait(), 30)
+        await asyncio.wait_for(service.run(), WAIT_S)
+    finally:
+        device_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await device_task
+    policy_rounds = [
+        e for e in events if e.round is not None and e.round >= spec.initial_design.rounds
+    ]
+    latencies = [
+        e.decision_latency_s
+        for e in policy_rounds
+        if e.kind == "published" and e.decision_latency_s is not None
+    ]
+    decisions = [
+        e.decision_seconds
+        for e in policy_rounds
+        if e.kind == "proposed" and e.decision_seconds is not None
+    ]
+    refit = await asyncio.to_thread(refit_everything_seconds, service.experiments[spec.name])
+    return LatencyResult(
+        env_name,
+        spec.policy.name,
+        rounds,
+        _quantile(latencies, 0.5),
+        _quantile(latencies, 0.95),
+        _quantile(decisions, 0.5),
+        refit,
+    )
+
+
+def refit_everything_seconds(experiment: Experiment) -> float:
+    """One round of the papers' approach on this data: fit every node from scratch, refactor."""
+    gp = experiment.model.gp
+    started = time.perf_counter()
+    for j in range(gp.batch):
+        z, y = gp.member_data(j)
+        if y.numel() < 2:
+            continue
+        y_std = (y - y.mean()) / y.std().clamp_min(1e-9)
+        fit_hyperparameters(
+            z, y_std, kernel=gp.config.kernel, priors=gp.config.priors, known_noise=None
+        )
+    gp.rebuild()
+    return time.perf_counter() - started
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+# ---------------------------------------------------------------------- command
+def run(
+    env: str = "alpine2",
+    rounds: int = 1000,
+    latency_envs: list[str] | None = None,
+    latency_rounds: int = 20,
+    json_path: Path | None = None,
+    console: Console | None = None,
+) -> tuple[IngestResult, list[LatencyResult]]:
+    console = console or wide_console()
+    latency_envs = latency_envs or []
+    with tempfile.TemporaryDirectory(prefix="cbo-ingest-") as tmp:
+        workdir = Path(tmp)
+        with (
+            MosquittoBroker(
+                workdir / "mosquitto", MosquittoOptions(extra_lines=_BROKER_LINES)
+            ) as broker,
+            progress_bar(console) as progress,
+        ):
+            task = progress.add_task("ingest", total=1 + len(latency_envs))
+            throughput = asyncio.run(measure_throughput(env, rounds, broker, workdir))
+            progress.advance(task)
+            latencies = []
+            for name in latency_envs:
+                progress.update(task, description=f"latency {name}")
+                latencies.append(
+                    asyncio.run(measure_latency(name, latency_rounds, broker, workdir))
+                )
+                progress.advance(task)
+    print_table(
+        f"Feedback ingest through Mosquitto ({throughput.readings} readings, "
+        f"{throughput.rounds} rounds of {throughput.nodes} nodes)",
+        ["bare msgs/s", "agent msgs/s", "agent/bare"],
+        [(throughput.bare_msgs_per_s, throughput.agent_msgs_per_s, throughput.ratio)],
+        console,
+    )
+    if latencies:
+        print_table(
+            "Decision latency (last reading of a round -> next action published)",
+            ["env", "policy", "rounds", "p50 s", "p95 s", "policy p50 s", "refit-everything s"],
+            [
+                (
+                    r.env,
+                    r.policy,
+                    r.rounds,
+                    r.decision_latency_p50_s,
+                    r.decision_latency_p95_s,
+                    r.decision_seconds_p50,
+                    r.refit_everything_s,
+                )
+                for r in latencies
+            ],
+            console,
+        )
+    if json_path is not None:
+        write_json(
+            json_path,
+            {
+                "machine": machine_info(),
+                "ingest": {**asdict(throughput), "ratio": throughput.ratio},
+                "decision_latency": [asdict(r) for r in latencies],
+            },
+        )
+        console.print(f"results: {json_path}")
+    return throughput, latencies

@@ -1,0 +1,292 @@
+"""`cbo-agent demo`: the whole system on one machine, watched live.
+
+An embedded MQTT broker (amqtt) on loopback — or an external one with `--broker HOST:PORT` — a
+simulator of a paper environment as the MQTT device, and the agent service. The terminal shows
+each round as it closes (action, reward, E[y | action], cumulative regret, decision latency),
+/metrics is served meanwhile, and at the end a regret plot is saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.experiment import RoundEvent
+from agent.paths import example_spec as example_spec_path
+from agent.runtime import AgentService
+from connectors.embedded_broker import embedded_broker
+from connectors.mqtt import BrokerConfig
+from core.spec import ExperimentSpec, load_spec
+from sim.device import DeviceSettings, SimulatorDevice
+from sim.registry import make_environment
+
+log = structlog.get_logger("agent.demo")
+
+DEFAULT_ENV = "dropwave"  # two actions: the agent visibly finds the peak within 30 rounds
+DEFAULT_ROUNDS = 30
+
+
+@dataclass
+class DemoOptions:
+    env: str = DEFAULT_ENV
+    policy: str | None = None
+    rounds: int = DEFAULT_ROUNDS
+    broker: str | None = None  # HOST:PORT of an external broker; None starts the embedded one
+    live: bool = True
+    out: Path = Path("results/demo")
+    metrics_port: int = 9464
+    seed: int = 0
+
+
+@dataclass
+class DemoResult:
+    rounds: int
+    initial_rounds: int = 0
+    expected: list[float] = field(default_factory=list)
+    cumulative_regret: list[float] = field(default_factory=list)
+    optimum: float = math.nan
+    plot: Path | None = None
+
+
+def _metrics_port(wanted: int) -> int:
+    """The wanted port if it is free on loopback, else 0 (any free port)."""
+    if wanted == 0:
+        return 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", wanted))
+        except OSError:
+            return 0
+    return wanted
+
+
+async def _announce_metrics(service: AgentService, console: Console) -> None:
+    while service.metrics_server is None:
+        await asyncio.sleep(0.05)
+    console.print(f"metrics: {service.metrics_server.url}/metrics while the demo runs")
+
+
+def demo_spec(options: DemoOptions) -> ExperimentSpec:
+    """The environment's example spec, paced for a demo: a round limit, short timeouts."""
+    spec = load_spec(example_spec_path(options.env))
+    actions = len(spec.actions)
+    updates = {
+        "name": f"demo-{options.env}",
+        "schedule": spec.schedule.model_copy(
+            update={"max_rounds": options.rounds, "ack_timeout_s": 5.0, "round_timeout_s": 5.0}
+        ),
+        "initial_design": spec.initial_design.model_copy(
+            update={
+                "rounds": min(2 * (actions + 1), max(options.rounds // 3, 1)),
+                "seed": options.seed,
+            }
+        ),
+    }
+    if options.policy is not None:
+        updates["policy"] = spec.policy.model_copy(
+            update={
+                "name": options.policy,
+                "settings": spec.policy.settings if options.policy == spec.policy.name else {},
+            }
+        )
+    return spec.model_copy(update=updates)
+
+
+class RoundView:
+    """The terminal view: a live table on a terminal, plain lines otherwise."""
+
+    def __init__(self, console: Console, live: bool, title: str, optimum: float) -> None:
+        self.console = console
+        self.title = title
+        self.optimum = optimum
+        self.rows: list[tuple[str, ...]] = []
+        self.latency: dict[int, float] = {}
+        self.live = Live(self._table(), console=console, refresh_per_second=4) if live else None
+
+    def __enter__(self) -> RoundView:
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def handle(self, event: RoundEvent) -> None:
+        if event.kind == "published" and event.decision_latency_s is not None:
+            self.latency[event.round] = event.decision_latency_s
+        if event.kind != "closed":
+            if event.kind in ("rejected", "expired", "finished"):
+                self._line(f"{event.kind}: round {event.round} {event.detail}")
+            return
+        action = ", ".join(f"{k}={v:.3g}" for k, v in event.intervention.items()) or "observe"
+        row = (
+            str(event.round),
+            action,
+            _fmt(event.reward),
+            _fmt(event.expected_reward),
+            _fmt(event.cumulative_regret),
+            _fmt(self.latency.get(event.round), "{:.3f}s"),
+        )
+        self.rows.append(row)
+        if self.live:
+            self.live.update(self._table())
+        else:
+            self._line(
+                "round {} action [{}] reward {} E[y|a] {} cum.regret {} latency {}".format(*row)
+            )
+
+    def _line(self, text: str) -> None:
+        if self.live:
+            self.live.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def _table(self) -> Table:
+        table = Table(title=f"{self.title} (optimum {self.optimum:.4g})", title_justify="left")
+        for column in ("round", "action", "reward", "E[y|a]", "cum. regret", "latency"):
+            table.add_column(column, justify="right" if column != "action" else "left")
+        for row in self.rows[-18:]:
+            table.add_row(*row)
+        return table
+
+
+def _fmt(value: float | None, pattern: str = "{:.4g}") -> str:
+    return "—" if value is None else pattern.format(value)
+
+
+@contextlib.asynccontextmanager
+async def _broker(address: str | None) -> AsyncIterator[tuple[str, int, str]]:
+    """(host, port, protocol) of the broker to use, starting the embedded one if needed."""
+    if address is None:
+        async with embedded_broker() as port:
+            yield "127.0.0.1", port, "3.1.1"  # amqtt speaks 3.1.1 only
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--broker expects HOST:PORT, got {address!r}")
+    yield host, int(port), "auto"
+
+
+async def run_demo(options: DemoOptions, console: Console | None = None) -> DemoResult:
+    """Run the demo to the end; returns what it measured."""
+    console = console or Console()
+    spec = demo_spec(options)
+    env = make_environment(options.env, options.seed)
+    options.out.mkdir(parents=True, exist_ok=True)
+    store_path = options.out / "demo.sqlite"
+    for suffix in ("", "-wal", "-shm"):  # a demo starts afresh every time
+        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    async with _broker(options.broker) as (host, port, protocol):
+        config = AgentConfig(
+            agent_id="cbo-demo-agent",
+            broker=BrokerSection(url=f"mqtt://{host}:{port}", protocol=protocol),
+            metrics=MetricsSection(port=_metrics_port(options.metrics_port)),
+            store=StoreSection(path=str(store_path)),
+        )
+        device = SimulatorDevice(
+            env,
+            BrokerConfig(host=host, port=port, protocol=protocol),
+            DeviceSettings(
+                experiment=spec.name,
+                device_id="demo-device",
+                delay_s=0.02,
+                jitter_s=0.02,
+                seed=options.seed,
+            ),
+        )
+        title = f"cbo-agent demo: {options.env}, policy {spec.policy.name}, {options.rounds} rounds"
+        with RoundView(console, options.live, title, env.optimum.value) as view:
+            service = AgentService(config, [spec], on_event=view.handle)
+            device_task = asyncio.create_task(device.run(), name="device")
+            announce = asyncio.create_task(_announce_metrics(service, console))
+            try:
+                await asyncio.wait_for(device.ready.wait(), 30)  # actuators listen first
+                await service.run()
+            finally:
+                for task in (device_task, announce):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+    return _summarize(service, spec, env.optimum.value, options, console)
+
+
+def _summarize(
+    service: AgentService,
+    spec: ExperimentSpec,
+    optimum: float,
+    options: DemoOptions,
+    console: Console,
+) -> DemoResult:
+    experiment = service.experiments[spec.name]
+    expected = [experiment.regret.expected[r] for r in sorted(experiment.regret.expected)]
+    cumulative = []
+    total = 0.0
+    for value in expected:
+        total += optimum - value
+        cumulative.append(total)
+    result = DemoResult(len(expected), spec.initial_design.rounds, expected, cumulative, optimum)
+    if expected:
+        result.plot = plot_regret(result, options.out / "regret.png", spec.name)
+    initial = spec.initial_design.rounds
+    best = max(expected[initial:], default=math.nan)
+    console.print(
+        f"\n{len(expected)} rounds ({initial} random, then {spec.policy.name}); "
+        f"best E[y|a] after the random start {best:.4g} vs optimum {optimum:.4g}; "
+        f"cumulative regret {total:.4g}."
+    )
+    if result.plot:
+        console.print(f"regret plot: {result.plot}")
+    console.print(f"store: {options.out / 'demo.sqlite'}")
+    return result
+
+
+def plot_regret(result: DemoResult, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = list(range(len(result.expected)))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    top.plot(rounds, result.expected, "o-", markersize=3, label="E[y | action] (simulator oracle)")
+    top.axhline(result.optimum, color="k", linestyle="--", label="optimum")
+    for axis in (top, bottom):
+        axis.axvline(
+            result.initial_rounds - 0.5,
+            color="grey",
+            linestyle=":",
+            label="random start | policy" if axis is top else None,
+        )
+    top.set_ylabel("expected reward")
+    top.legend(loc="lower right")
+    top.set_title(title)
+    bottom.plot(rounds, result.cumulative_regret, color="tab:red")
+    bottom.set_xlabel("round")
+    bottom.set_ylabel("cumulative regret")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(options: DemoOptions) -> int:
+    """Entry point of `cbo-agent demo`."""
+    console = Console()
+    options.live = options.live and console.is_terminal and sys.stdout.isatty()
+    result = asyncio.run(run_demo(options, console))
+    return 0 if result.rounds > 0 else 1

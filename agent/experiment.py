@@ -1,0 +1,707 @@
+"""One experiment inside the service: round lifecycle, feedback join, budget and regret.
+
+No I/O happens here: the async runtime (`agent.runtime`) feeds decoded messages in and publishes
+what comes out. Every accepted input is written to the store *before* it changes the model or
+the ledger, so a restart can replay it (see `agent.recovery`).
+
+Round lifecycle:
+
+    proposed --publish--> published --ack applied--> acked --all readings / timeout--> closed
+                              |  \\--ack rejected--> rejected (budget released)
+                              \\--no ack after retries--> expired (budget released)
+
+Feedback join: a reading names its round and node. It is dropped as a duplicate when the store
+has already seen (device, node, seq) or the round already has that node; it teaches the model as
+soon as the node's row is complete (its value and its parents' values), also after the round
+closed ("late"). A round closes when every node has reported, or when its wait times out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+import structlog
+import torch
+
+from agent.regret import RegretTracker, regret_bound
+from connectors.metrics import AgentMetrics
+from connectors.schemas import Ack, Action, Oracle, Reading
+from connectors.store import BudgetExceeded, Store
+from core.gp import LearnReport
+from core.network import NetworkModel
+from core.spec import ExperimentSpec
+from policies.base import Constraints, NothingAffordable, Policy, Proposal
+from policies.random_search import RandomPolicy
+from policies.registry import make_policy
+
+Outcome = Literal["accepted", "duplicate", "late", "rejected"]
+BUSY = "busy"  # an ack reason from a device with too many actions in flight: retry later
+BUSY_RETRY_S = 1.0
+
+
+class RoundStatus(StrEnum):
+    PROPOSED = "proposed"
+    PUBLISHED = "published"
+    ACKED = "acked"
+    CLOSED = "closed"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+OPEN_STATUSES = frozenset({RoundStatus.PROPOSED, RoundStatus.PUBLISHED, RoundStatus.ACKED})
+# Parts of a spec that define what the stored data mean; a restart may change the rest.
+IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
+STRUCTURAL_FIELDS = (
+    "intervention",
+    "nodes",
+    "actions",
+    "target_sets",
+    "candidates",
+    "reward",
+    "model",
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one incoming message."""
+
+    outcome: Outcome
+    reason: str = ""
+
+
+@dataclass
+class LiveRound:
+    """A round as the agent tracks it."""
+
+    number: int
+    action: Action
+    target_set: tuple[str, ...]
+    cost: float
+    acquisition: float
+    policy: str
+    model_round: int
+    status: RoundStatus = RoundStatus.PROPOSED
+    proposed_at: float = 0.0
+    published_at: float | None = None
+    acked_at: float | None = None
+    closed_at: float | None = None
+    last_reading_at: float | None = None
+    retry_at: float | None = None  # a device said "busy": re-publish then
+    pending: int | None = None  # the model's pending-point handle while the round is in flight
+    readings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def intervention(self) -> dict[str, float]:
+        return dict(self.action.intervention)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in OPEN_STATUSES
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """Something a person watching the agent wants to see (the demo's live view, logs)."""
+
+    kind: Literal["proposed", "published", "closed", "rejected", "expired", "finished"]
+    experiment: str
+    round: int | None
+    intervention: dict[str, float] = field(default_factory=dict)
+    reward: float | None = None
+    expected_reward: float | None = None
+    cumulative_regret: float | None = None
+    regret_upper_estimate: float | None = None
+    decision_seconds: float | None = None
+    decision_latency_s: float | None = None
+    detail: str = ""
+
+
+EventSink = Callable[[RoundEvent], None]
+
+
+class Experiment:
+    """One experiment's state machine (synchronous; the runtime serializes calls).
+
+    Args:
+        spec: the experiment spec.
+        store: the durable store (written before anything is acknowledged or published).
+        metrics: the Prometheus series to update (optional in tests and benchmarks).
+        seed: seeds the policy's random numbers.
+        clock: seconds since the epoch (injectable for tests).
+        on_event: receives a `RoundEvent` for every lifecycle step.
+    """
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        store: Store,
+        *,
+        metrics: AgentMetrics | None = None,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+        on_event: EventSink | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.on_event = on_event or (lambda event: None)
+        self.model = NetworkModel(spec, device=device)
+        self.policy: Policy = make_policy(spec.policy.name, spec, spec.policy.settings)
+        self.explorer: Policy = RandomPolicy(spec)
+        self.rng = torch.Generator().manual_seed(seed)
+        self.rounds: dict[int, LiveRound] = {}
+        self._open: set[int] = set()  # numbers of rounds that may still be open
+        self.regret = RegretTracker(spec)
+        self.finished_reason: str | None = None
+        self._last_publish_at: float | None = None
+        self._last_close_at: float | None = None
+        self.log = structlog.get_logger("agent.experiment").bind(experiment=self.name)
+        self._check_same_experiment()
+        store.upsert_experiment(self.name, spec.model_dump(mode="json", by_alias=True))
+        self._recover()
+
+    # ------------------------------------------------------------------ recovery
+    def _check_same_experiment(self) -> None:
+        """Refuse to continue a stored experiment whose graph or model the spec has changed."""
+        stored = self.store.experiment_spec(self.name)
+        if stored is None:
+            return
+        current = self.spec.model_dump(mode="json", by_alias=True)
+        changed = [key for key in STRUCTURAL_FIELDS if stored.get(key) != current.get(key)]
+        if changed:
+            raise ValueError(
+                f"experiment {self.name!r} exists in the store with different {changed}; "
+                "give the changed experiment a new name (or use a new store)"
+            )
+
+    def _recover(self) -> None:
+        """Continue a stored experiment: same rounds, same budget, same model."""
+        rows = self.store.rounds(self.name)
+        if not rows:
+            return
+        for row in rows:
+            status = RoundStatus(row.status)
+            action = Action(
+                experiment=self.name,
+                round=row.round,
+                action_id=row.action_id,
+                intervention=row.intervention,
+                kind=row.kind,
+                issued_at=row.proposed_at,
+                attempt=max(row.attempt, 1),
+            )
+            if status in OPEN_STATUSES:
+                self._open.add(row.round)
+            self.rounds[row.round] = LiveRound(
+                number=row.round,
+                action=action,
+                target_set=tuple(row.target_set),
+                cost=row.cost,
+                acquisition=math.nan,
+                policy="(recovered)",
+                model_round=self.model.start_round(row.intervention),
+                status=status,
+                proposed_at=row.proposed_at,
+                published_at=row.status_at if row.attempt > 0 else None,
+                acked_at=row.status_at if status is RoundStatus.ACKED else None,
+                closed_at=row.status_at if status not in OPEN_STATUSES else None,
+            )
+        readings = self.store.readings(self.name)
+        for reading in readings:  # arrival order: every node learns what it learned before
+            live = self.rounds[reading.round]
+            live.readings[reading.node] = reading.value
+            self._observe(live, {reading.node: reading.value}, refit=False)
+            if reading.node == self.model.reward_node:
+                self.regret.observe_reward(reading.round, reading.value)
+        snapshot = self.store.latest_snapshot(self.name)
+        if snapshot is not None:
+            state = {k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()}
+            self.model.gp.load_state(state)
+        for oracle in self.store.oracles(self.name):
+            self.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum)
+        if self.spec.schedule.pipeline > 1:  # rounds still in flight are pending again
+            for live in self.open_rounds:
+                if not live.readings:
+                    live.pending = self.model.add_pending(live.intervention)
+        self.log.info(
+            "experiment.recovered",
+            rounds=len(rows),
+            readings=len(readings),
+            open_rounds=[r.number for r in self.open_rounds],
+            snapshot=snapshot.id if snapshot else None,
+            budget_spent=self.budget_spent(),
+        )
+
+    def _save_model_state(self) -> None:
+        """Snapshot the GP state (hyperparameters, standardization) after a rebuild changed it."""
+        arrays = {k: v.detach().cpu().numpy() for k, v in self.model.gp.state().items()}
+        self.store.save_snapshot(
+            self.name,
+            self.store.last_reading_id(self.name),
+            arrays,
+            {"observations": self.model.gp.num_observations.tolist()},
+        )
+
+    # ------------------------------------------------------------------ state
+    @property
+    def next_round(self) -> int:
+        return max(self.rounds, default=-1) + 1
+
+    @property
+    def open_rounds(self) -> list[LiveRound]:
+        stale = [n for n in self._open if not self.rounds[n].is_open]
+        self._open.difference_update(stale)  # closed since: O(open rounds), not O(all)
+        return [self.rounds[n] for n in sorted(self._open)]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.open_rounds)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def budget_spent(self) -> float:
+        return self.store.ledger(self.name).spent
+
+    def can_propose(self, now: float) -> bool:
+        """Whether a new round may start now (pipeline depth, round limit, rate limit)."""
+        schedule = self.spec.schedule
+        if self.finished or self.in_flight >= schedule.pipeline:
+            return False
+        if schedule.max_rounds is not None and self.next_round >= schedule.max_rounds:
+            self._finish("max_rounds reached")
+            return False
+        if self._budget_exhausted():
+            self._finish("budget spent: the rest pays for no action")
+            return False
+        if self._last_publish_at is not None and schedule.min_interval_s > 0:
+            return now - self._last_publish_at >= schedule.min_interval_s
+        return True
+
+    def _budget_exhausted(self) -> bool:
+        """The total budget left cannot pay the fixed cost of any action.
+
+        Policies may still find a free round (an observational one); an experiment whose budget
+        is gone stops rather than observe forever.
+        """
+        total = self.spec.constraints.budget_total
+        fixed = [a.cost for a in self.spec.actions if a.cost > 0]
+        if total is None or not fixed:
+            return False
+        return total - self.budget_spent() < min(fixed) - 1e-12
+
+    def next_deadline(self, now: float) -> float:
+        """Seconds until something is due (an ack or round timeout, or the rate limit)."""
+        schedule = self.spec.schedule
+        deadlines = [math.inf]
+        for live in self.open_rounds:
+            if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
+                deadlines.append(live.published_at + schedule.ack_timeout_s)
+                if live.retry_at is not None:
+                    deadlines.append(live.retry_at)
+            elif live.status is RoundStatus.ACKED and live.acked_at is not None:
+                deadlines.append(live.acked_at + schedule.round_timeout_s)
+        can_start = self.in_flight < schedule.pipeline and not self.finished
+        if can_start and self._last_publish_at is not None and schedule.min_interval_s > 0:
+            deadlines.append(self._last_publish_at + schedule.min_interval_s)
+        return max(min(deadlines) - now, 0.0)
+
+    # ------------------------------------------------------------------ decisions
+    def propose(self) -> LiveRound | None:
+        """Choose the next intervention, reserve its cost and record it; None when finished.
+
+        Runs the policy (seconds, maybe): the runtime calls it in a worker thread and makes sure
+        nothing else touches this experiment meanwhile.
+        """
+        started = time.perf_counter()
+        number = self.next_round
+        policy = self.explorer if number < self.spec.initial_design.rounds else self.policy
+        constraints = Constraints.from_spec(self.spec, spent=self.budget_spent())
+        try:
+            proposal = policy.propose(self.model, constraints, self.rng)
+        except NothingAffordable as reason:
+            self._finish(f"nothing affordable: {reason}")
+            return None
+        decision_s = time.perf_counter() - started
+        self._bound_regret(proposal.intervention)
+        return self._record(number, proposal, policy.name, decision_s)
+
+    def _bound_regret(self, intervention: dict[str, float]) -> None:
+        """Add this round's model-based regret bound: UCB at the best candidate − LCB here."""
+        bound = regret_bound(self.model, intervention, self.rng)
+        if bound is not None:
+            self.regret.add_upper_increment(*bound)
+
+    def _record(
+        self, number: int, proposal: Proposal, policy: str, decision_s: float
+    ) -> LiveRound | None:
+        now = self.clock()
+        action = Action.issue(
+            self.name,
+            number,
+            self._safe(proposal.intervention),
+            kind=self.spec.intervention,
+            at=now,
+        )
+        try:
+            with self.store.transaction():
+                self.store.add_round(
+                    self.name,
+                    number,
+                    action.action_id,
+                    action.intervention,
+                    list(proposal.target_set),
+                    proposal.cost,
+                    self.spec.intervention,
+                    now,
+                )
+                self.store.reserve(
+                    self.name, number, proposal.cost, self.spec.constraints.budget_total, now
+                )
+        except BudgetExceeded as reason:
+            self._finish(f"budget exhausted: {reason}")
+            return None
+        live = LiveRound(
+            number=number,
+            action=action,
+            target_set=proposal.target_set,
+            cost=proposal.cost,
+            acquisition=proposal.acquisition_value,
+            policy=policy,
+            model_round=self.model.start_round(action.intervention),
+            proposed_at=now,
+        )
+        self.rounds[number] = live
+        self._open.add(number)
+        if self.spec.schedule.pipeline > 1:  # other rounds will be proposed before this returns
+            live.pending = self.model.add_pending(live.intervention)
+        if self.metrics:
+            self.metrics.observe_decision(self.name, decision_s)
+            self._export_budget()
+        self.log.info(
+            "round.proposed",
+            round=number,
+            policy=policy,
+            intervention=live.intervention,
+            cost=proposal.cost,
+            acquisition=proposal.acquisition_value,
+            decision_s=round(decision_s, 4),
+            diagnostics=_short(proposal.diagnostics),
+        )
+        self.on_event(
+            RoundEvent(
+                "proposed", self.name, number, live.intervention, decision_seconds=decision_s
+            )
+        )
+        return live
+
+    def mark_published(self, number: int) -> None:
+        """The action left for the broker (QoS 1 handed over)."""
+        live = self.rounds[number]
+        now = self.clock()
+        first = live.published_at is None
+        live.published_at = now
+        self._last_publish_at = now
+        if live.status is RoundStatus.PROPOSED:
+            live.status = RoundStatus.PUBLISHED
+            with self.store.transaction():
+                self.store.set_round_status(self.name, number, RoundStatus.PUBLISHED, now)
+                self.store.bump_attempt(self.name, number)  # the store counts publications
+        latency = None
+        if first and self._last_close_at is not None:
+            latency = now - self._last_close_at
+        self.log.info(
+            "round.published", round=number, attempt=live.action.attempt, decision_latency_s=latency
+        )
+        self.on_event(
+            RoundEvent(
+                "published", self.name, number, live.intervention, decision_latency_s=latency
+            )
+        )
+
+    def republish(self, number: int) -> Action:
+        """The same action (same id) with the next attempt number, recorded before sending."""
+        live = self.rounds[number]
+        now = self.clock()
+        live.action = live.action.next_attempt(at=now)
+        live.published_at = now  # the ack timeout restarts with every publication
+        self.store.bump_attempt(self.name, number)
+        return live.action
+
+    # ------------------------------------------------------------------ feedback
+    def on_ack(self, ack: Ack) -> Verdict:
+        live = self.rounds.get(ack.round)
+        if live is None or live.action.action_id != ack.action_id:
+            return Verdict("rejected", "unknown_round")
+        if live.status in (RoundStatus.ACKED, RoundStatus.CLOSED):
+            return Verdict("duplicate")
+        if not live.is_open:
+            return Verdict("late")
+        now = self.clock()
+        if ack.status == "rejected" and ack.reason == BUSY:
+            live.retry_at = now + BUSY_RETRY_S  # the device will take it when it has room
+            return Verdict("accepted")
+        if ack.status == "rejected":
+            self._end(live, RoundStatus.REJECTED, now, f"device rejected: {ack.reason}")
+            return Verdict("accepted")
+        with self.store.transaction():
+            self.store.set_round_status(self.name, live.number, RoundStatus.ACKED, now)
+            self.store.settle(self.name, live.number, now)
+        live.status, live.acked_at = RoundStatus.ACKED, now
+        if ack.applied and ack.applied != live.action.intervention:
+            # the device applied something else (clamped, say): learn from what happened
+            self.model.history[live.model_round].intervention = dict(ack.applied)
+        self._maybe_close(live, now)
+        return Verdict("accepted")
+
+    def on_readings(self, readings: Iterable[Reading]) -> list[Verdict]:
+        """Join a batch of readings: store them, then update the model once per round."""
+        now = self.clock()
+        verdicts: list[Verdict] = []
+        fresh: dict[int, dict[str, float]] = {}
+        with self.store.transaction():
+            for reading in readings:
+                verdict = self._admit(reading, fresh, now)
+                verdicts.append(verdict)
+        # The readings are durable now; what teaching writes (round closes, model snapshots)
+        # is committed together, once per batch.
+        with self.store.transaction():
+            for number, values in fresh.items():
+                self._teach(self.rounds[number], values, now)
+        return verdicts
+
+    def _admit(self, reading: Reading, fresh: dict[int, dict[str, float]], now: float) -> Verdict:
+        live = self.rounds.get(reading.round)
+        if live is None:
+            return Verdict("rejected", "unknown_round")
+        if reading.node not in self.model.inputs:
+            return Verdict("rejected", "unknown_node")
+        if live.status is RoundStatus.REJECTED:
+            return Verdict("rejected", "stale_round")  # the device refused the action
+        bad = self._implausible(reading)
+        if bad:
+            return Verdict("rejected", bad)
+        if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
+            return Verdict("duplicate")
+        stored = self.store.add_reading(
+            self.name,
+            reading.round,
+            reading.node,
+            reading.value,
+            reading.seq,
+            reading.device_id,
+            now,
+        )
+        if not stored:
+            return Verdict("duplicate")
+        fresh.setdefault(live.number, {})[reading.node] = reading.value
+        return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")
+
+    def _safe(self, intervention: dict[str, float]) -> dict[str, float]:
+        """Only declared actions, clamped to their declared bounds: whatever a policy does, an
+        actuator never receives a value outside what the spec allows."""
+        safe = {}
+        for name, value in intervention.items():
+            if name not in self.spec.action_names:
+                raise ValueError(f"policy proposed an unknown action {name!r}")
+            low, high = self.spec.action(name).bounds
+            clamped = min(max(float(value), low), high)
+            if clamped != value:
+                self.log.warning("action.clamped", action=name, proposed=value, sent=clamped)
+            safe[name] = clamped
+        return safe
+
+    def _implausible(self, reading: Reading) -> str:
+        """A reason to reject a value, else ''.
+
+        Outside the node's declared `valid_range`, or — without one — farther from its typical
+        range (`bounds`) than IMPLAUSIBLE_SPANS times that range's width: no sensor of a
+        system described by the spec reads that, and such a value would only wreck the model.
+        """
+        node = self.spec.node(reading.node)
+        low, high = node.valid_range or node.bounds
+        if node.valid_range is None:
+            reach = IMPLAUSIBLE_SPANS * (high - low)
+            low, high = low - reach, high + reach
+        return "" if low <= reading.value <= high else "out_of_range"
+
+    def _observe(
+        self, live: LiveRound, values: dict[str, float], *, refit: bool = True
+    ) -> LearnReport | None:
+        """Teach the model; a failure is logged, never fatal (the readings stay stored).
+
+        Bad data that got past every check must not stop the service, nor — replayed from the
+        store — its next start.
+        """
+        try:
+            return self.model.observe(live.model_round, values, refit=refit)
+        except Exception:
+            self.log.exception("model.update_failed", round=live.number, readings=values)
+            return None
+
+    def _teach(self, live: LiveRound, values: dict[str, float], now: float) -> None:
+        self._forget_pending(live)  # the real readings replace the round's pending points
+        live.readings.update(values)
+        live.last_reading_at = now
+        started = time.perf_counter()
+        report = self._observe(live, values)
+        if report is None:
+            self._maybe_close(live, now)
+            return
+        seconds = time.perf_counter() - started
+        if self.metrics:
+            self.metrics.observe_gp_update(self.name, seconds)
+            for node, count in zip(self.model.order, report_counts(self.model), strict=True):
+                self.metrics.set_observations(self.name, node, count)
+        if report.rebuilt:
+            self._save_model_state()
+        if report.refit:
+            self.log.info(
+                "model.refit",
+                round=live.number,
+                nodes=[self.model.order[j] for j in report.refit],
+                failed=[self.model.order[j] for j in report.refit_failed],
+            )
+        # the reward as read, or composed from its components (a decomposed reward)
+        reward = self.model.history[live.model_round].readings.get(self.model.reward_node)
+        if reward is not None and self.regret.last_reward_round != live.number:
+            self.regret.observe_reward(live.number, reward)
+            self._export_regret()
+        self._maybe_close(live, now)
+
+    def on_oracle(self, oracle: Oracle) -> Verdict:
+        live = self.rounds.get(oracle.round)
+        if live is None or live.action.action_id != oracle.action_id:
+            return Verdict("rejected", "unknown_round")
+        if not self.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum):
+            return Verdict("duplicate")
+        self.store.add_oracle(
+            self.name,
+            oracle.round,
+            oracle.action_id,
+            oracle.expected_reward,
+            oracle.optimum,
+            self.clock(),
+        )
+        self._export_regret()
+        return Verdict("accepted")
+
+    # ------------------------------------------------------------------ time
+    def due(self, now: float) -> list[Action]:
+        """Handle timeouts: actions to re-publish now (closed or expired rounds are handled)."""
+        schedule = self.spec.schedule
+        again: list[Action] = []
+        for live in self.open_rounds:
+            if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
+                retry = live.retry_at is not None and now >= live.retry_at
+                if now - live.published_at < schedule.ack_timeout_s and not retry:
+                    continue
+                live.retry_at = None
+                if live.action.attempt > schedule.ack_retries:
+                    self._end(live, RoundStatus.EXPIRED, now, "no ack")
+                else:
+                    again.append(self.republish(live.number))
+            elif (
+                live.status is RoundStatus.ACKED
+                and live.acked_at is not None
+                and now - live.acked_at >= schedule.round_timeout_s
+            ):
+                self._close(live, now, "timeout")
+        return again
+
+    def _maybe_close(self, live: LiveRound, now: float) -> None:
+        if live.status is RoundStatus.ACKED and set(self.model.order) <= set(live.readings):
+            self._close(live, now, "complete")
+
+    def _close(self, live: LiveRound, now: float, why: str) -> None:
+        self._forget_pending(live)
+        live.status, live.closed_at = RoundStatus.CLOSED, now
+        self.store.set_round_status(self.name, live.number, RoundStatus.CLOSED, now, why)
+        self._last_close_at = live.last_reading_at if why == "complete" else now
+        missing = sorted(set(self.model.order) - set(live.readings))
+        if self.metrics:
+            self.metrics.round_completed(self.name)
+            if live.published_at is not None:
+                self.metrics.observe_round_wait(self.name, now - live.published_at)
+        self.log.info(
+            "round.closed",
+            round=live.number,
+            why=why,
+            missing=missing or None,
+            reward=live.readings.get(self.model.reward_node),
+        )
+        self.on_event(
+            RoundEvent(
+                "closed",
+                self.name,
+                live.number,
+                live.intervention,
+                reward=live.readings.get(self.model.reward_node),
+                expected_reward=self.regret.expected.get(live.number),
+                cumulative_regret=self.regret.cumulative,
+                regret_upper_estimate=self.regret.upper_estimate,
+                detail=why,
+            )
+        )
+
+    def _forget_pending(self, live: LiveRound) -> None:
+        if live.pending is not None:
+            self.model.drop_pending(live.pending)
+            live.pending = None
+
+    def _end(self, live: LiveRound, status: RoundStatus, now: float, why: str) -> None:
+        self._forget_pending(live)
+        with self.store.transaction():
+            self.store.set_round_status(self.name, live.number, status, now, why)
+            self.store.release(self.name, live.number, now)
+        live.status, live.closed_at = status, now
+        self._export_budget()
+        self.log.warning(f"round.{status}", round=live.number, why=why)
+        self.on_event(
+            RoundEvent(status.value, self.name, live.number, live.intervention, detail=why)
+        )
+
+    def _finish(self, reason: str) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = reason
+            self.log.info("experiment.finished", reason=reason)
+            self.on_event(RoundEvent("finished", self.name, None, detail=reason))
+
+    # ------------------------------------------------------------------ metrics
+    def _export_budget(self) -> None:
+        if not self.metrics:
+            return
+        spent = self.budget_spent()
+        total = self.spec.constraints.budget_total
+        remaining = math.inf if total is None else max(total - spent, 0.0)
+        self.metrics.set_budget(self.name, spent=spent, remaining=remaining)
+
+    def _export_regret(self) -> None:
+        if not self.metrics:
+            return
+        tracker = self.regret
+        if tracker.has_oracle:
+            self.metrics.set_regret(self.name, cumulative=tracker.cumulative, simple=tracker.simple)
+        if tracker.upper_estimate is not None:
+            self.metrics.set_regret_upper_estimate(self.name, tracker.upper_estimate)
+        if tracker.last_reward is not None:
+            self.metrics.set_reward(self.name, last=tracker.last_reward, best=tracker.best_reward)
+
+
+def report_counts(model: NetworkModel) -> list[int]:
+    return model.gp.num_observations.tolist()
+
+
+def _short(diagnostics: dict) -> dict:
+    """Diagnostics small enough for a log line."""
+    return {k: v for k, v in diagnostics.items() if isinstance(v, int | float | str | bool)}

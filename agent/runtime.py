@@ -1,0 +1,407 @@
+"""The agent service: experiments as independent state machines over one MQTT connection.
+
+One task per experiment (its *driver*) owns that experiment: it proposes (the policy runs in a
+worker thread), publishes actions, and drains the experiment's inbox in batches — so a round's
+readings update every node in one batched GP call, and nothing touches an experiment's model
+while its policy is thinking. The MQTT session only routes incoming messages to inboxes; it is
+re-created after every reconnect (`connectors.mqtt.run_with_reconnect`), and drivers publish
+through a `Link` that waits for the current connection.
+
+Bad input never stops the agent: whatever cannot be decoded or does not fit is rejected with a
+reason (a log event, `cbo_messages_total{outcome="rejected",reason=...}`, the experiment's
+dead-letter topic and the store), and nothing already accepted is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from agent.config import AgentConfig
+from agent.experiment import EventSink, Experiment, Verdict
+from connectors.metrics import AgentMetrics, MetricsServer, Readiness
+from connectors.mqtt import (
+    IncomingMessage,
+    MqttConnection,
+    MqttConnectionError,
+    Presence,
+    run_with_reconnect,
+)
+from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
+from connectors.store import Store
+from connectors.topics import TopicError, Topics
+from core.spec import ExperimentSpec
+
+log = structlog.get_logger("agent.runtime")
+
+INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
+COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
+BATCH_LIMIT = 2_000
+DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
+_KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
+
+
+class _TokenBucket:
+    """At most `rate` events per second per key, with bursts up to `burst`."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> bool:
+        now = time.monotonic()
+        tokens, last = self._tokens.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        allowed = tokens >= 1.0
+        self._tokens[key] = (tokens - 1.0 if allowed else tokens, now)
+        return allowed
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    kind: str
+    message: IncomingMessage | None
+    connection: MqttConnection | None = None  # acknowledged there once handled
+    at: float = 0.0  # when it was queued
+
+
+class Link:
+    """The current broker connection, for publishers that outlive any single connection."""
+
+    def __init__(self) -> None:
+        self._connection: MqttConnection | None = None
+        self._connected = asyncio.Event()
+
+    def attach(self, connection: MqttConnection) -> None:
+        self._connection = connection
+        self._connected.set()
+
+    def detach(self) -> None:
+        self._connection = None
+        self._connected.clear()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False
+    ) -> None:
+        """Publish on the current connection, waiting for one if the link is down."""
+        while True:
+            await self._connected.wait()
+            connection = self._connection
+            if connection is None:
+                continue
+            try:
+                await connection.publish(topic, payload, qos=qos, retain=retain)
+                return
+            except MqttConnectionError:
+                # the supervisor is reconnecting: wait for the next connection and try again
+                if self._connection is connection:
+                    self.detach()
+
+
+class AgentService:
+    """Runs experiments from specs until they finish (or forever, for open-ended ones).
+
+    Args:
+        config: where and as whom to run.
+        specs: the experiments.
+        on_event: receives every `RoundEvent` (the demo's live view).
+        store: an open store to use instead of opening `config.store.path`.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        specs: Sequence[ExperimentSpec],
+        *,
+        on_event: EventSink | None = None,
+        store: Store | None = None,
+    ) -> None:
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"experiment names must be unique; got {names}")
+        self.config = config
+        self.specs = list(specs)
+        self.on_event = on_event
+        self.topics = Topics(config.topic_prefix)
+        self.metrics = AgentMetrics()
+        self.readiness = Readiness("broker_connected", "experiments_loaded")
+        self.link = Link()
+        # (experiment, kind, outcome) -> messages handled: a cheap count for tests and benchmarks
+        self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.experiments: dict[str, Experiment] = {}
+        self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
+        self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
+        self._store = store
+        self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
+        self.metrics_server: MetricsServer | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Serve until every experiment has finished; cancel to stop earlier."""
+        own_store = self._store is None
+        store = self._store or Store(self.config.store.path)
+        server = MetricsServer(
+            self.metrics.registry,
+            self.readiness,
+            host=self.config.metrics.host,
+            port=self.config.metrics.port,
+        )
+        server.start()
+        self.metrics_server = server
+        log.info(
+            "agent.started",
+            agent_id=self.config.agent_id,
+            metrics=server.url,
+            experiments=[s.name for s in self.specs],
+        )
+        try:
+            self._load(store)
+            await self._serve()
+        finally:
+            server.close()
+            if own_store:
+                store.close()
+            log.info("agent.stopped", agent_id=self.config.agent_id)
+
+    def _load(self, store: Store) -> None:
+        for spec in self.specs:
+            self.experiments[spec.name] = Experiment(
+                spec,
+                store,
+                metrics=self.metrics,
+                on_event=self.on_event,
+                device=self.config.device,
+            )
+            self._inboxes[spec.name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+        self.readiness.set("experiments_loaded", True)
+
+    async def _serve(self) -> None:
+        broker = self.config.broker.to_broker_config(client_id=self.config.agent_id)
+        presence = Presence(
+            self.config.agent_id, experiments=tuple(self.experiments), topics=self.topics
+        )
+        connection = asyncio.create_task(
+            run_with_reconnect(broker, self._session, presence=presence), name="mqtt"
+        )
+        letters = asyncio.create_task(self._publish_dead_letters(), name="dead-letters")
+        drivers = [
+            asyncio.create_task(self._drive(exp), name=f"drive:{exp.name}")
+            for exp in self.experiments.values()
+        ]
+        try:
+            pending = {connection, *drivers}
+            while any(task in pending for task in drivers):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a driver bug or a fatal broker error stops the service
+                if connection in done:
+                    break
+        finally:
+            for task in (connection, letters, *drivers):
+                task.cancel()
+            for task in (connection, letters, *drivers):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # ------------------------------------------------------------------ MQTT session
+    async def _session(self, connection: MqttConnection) -> None:
+        """One connection's life: subscribe, tell drivers, route messages until it drops."""
+        for name in self.experiments:
+            for kind in _KIND_SCHEMAS:
+                await connection.subscribe(self.topics.experiment_topic(name, kind))
+        self.link.attach(connection)
+        self.readiness.set("broker_connected", True)
+        for inbox in self._inboxes.values():
+            self._offer(inbox, _Incoming("reconnected", None, at=time.time()))
+        log.info("agent.subscribed", experiments=list(self.experiments))
+        try:
+            async for message in connection.messages():
+                self._route(message, connection)
+        finally:
+            self.readiness.set("broker_connected", False)
+            if self.link.connected:
+                self.link.detach()
+
+    def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
+        try:
+            parsed = self.topics.parse(message.topic)
+        except TopicError as error:
+            self._reject(None, "unknown", message, "foreign_topic", str(error))
+            connection.ack(message)
+            return
+        inbox = self._inboxes.get(parsed.experiment)
+        if inbox is None or parsed.kind not in _KIND_SCHEMAS:
+            detail = f"no experiment {parsed.experiment!r} takes {parsed.kind} messages"
+            self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
+            connection.ack(message)
+            return
+        if not self._offer(inbox, _Incoming(parsed.kind, message, connection)):
+            # not acknowledged: with a persistent session the broker delivers it again later
+            detail = f"inbox of {parsed.experiment} holds {INBOX_LIMIT} unprocessed messages"
+            self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
+
+    @staticmethod
+    def _offer(inbox: asyncio.Queue[_Incoming], item: _Incoming) -> bool:
+        try:
+            inbox.put_nowait(item)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ experiment drivers
+    async def _drive(self, exp: Experiment) -> None:
+        """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
+        inbox = self._inboxes[exp.name]
+        for live in exp.open_rounds:  # recovered rounds that never left before a crash
+            if live.published_at is None:
+                await self._publish_action(exp, live.action)
+                exp.mark_published(live.number)
+        while True:
+            for action in exp.due(time.time()):
+                await self._publish_action(exp, action)
+            if exp.can_propose(time.time()):
+                live = await asyncio.to_thread(exp.propose)
+                if live is not None:
+                    await self._publish_action(exp, live.action)
+                    exp.mark_published(live.number)
+                    continue
+            if exp.finished and not exp.open_rounds:
+                return
+            timeout = exp.next_deadline(time.time()) if exp.open_rounds else None
+            if exp.spec.schedule.min_interval_s and not exp.open_rounds and not exp.finished:
+                timeout = exp.next_deadline(time.time())
+            batch = await self._next_batch(inbox, timeout)
+            await self._handle(exp, batch)
+
+    async def _publish_action(self, exp: Experiment, action: Action) -> None:
+        await self.link.publish(self.topics.action(exp.name), encode(action))
+
+    @staticmethod
+    async def _next_batch(
+        inbox: asyncio.Queue[_Incoming], timeout: float | None
+    ) -> list[_Incoming]:
+        """Wait for at least one message (or the timeout), then coalesce what follows.
+
+        Group commit: the MQTT client hands over one packet per event-loop turn, so without a
+        short window every reading would cost its own durable commit and GP update. Input is
+        gathered for up to COALESCE_S (or BATCH_LIMIT messages) and handled as one batch.
+        """
+        if timeout == 0:
+            await asyncio.sleep(0)  # something is due now; still let the MQTT task run
+            return [inbox.get_nowait() for _ in range(min(inbox.qsize(), BATCH_LIMIT))]
+        try:
+            first = await asyncio.wait_for(inbox.get(), timeout)
+        except TimeoutError:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + COALESCE_S
+        while len(batch) < BATCH_LIMIT:
+            while not inbox.empty() and len(batch) < BATCH_LIMIT:
+                batch.append(inbox.get_nowait())
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(batch) >= BATCH_LIMIT:
+                break
+            try:
+                batch.append(await asyncio.wait_for(inbox.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
+        readings: list[tuple[Reading, IncomingMessage]] = []
+        for item in batch:
+            if item.kind == "reconnected":
+                # what was published on an earlier connection (or before a restart) and never
+                # acknowledged may have been lost with it: publish it again, same id
+                for live in exp.open_rounds:
+                    earlier = live.published_at is not None and live.published_at < item.at
+                    if earlier and live.acked_at is None:
+                        await self._publish_action(exp, exp.republish(live.number))
+                continue
+            decoded = self._decode(exp, item)
+            if decoded is None:
+                continue
+            if isinstance(decoded, Reading):
+                readings.append((decoded, item.message))
+            elif isinstance(decoded, Ack):
+                self._account(exp, "ack", item.message, exp.on_ack(decoded))
+            elif isinstance(decoded, Oracle):
+                self._account(exp, "oracle", item.message, exp.on_oracle(decoded))
+        if readings:
+            verdicts = exp.on_readings([reading for reading, _ in readings])
+            for (_, message), verdict in zip(readings, verdicts, strict=True):
+                self._account(exp, "reading", message, verdict)
+        # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.
+        for item in batch:
+            if item.connection is not None and item.message is not None:
+                item.connection.ack(item.message)
+
+    def _decode(self, exp: Experiment, item: _Incoming) -> Reading | Ack | Oracle | None:
+        try:
+            decoded = decode(item.message.payload, _KIND_SCHEMAS[item.kind])
+        except DecodeError as error:
+            self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
+            return None
+        if decoded.experiment != exp.name:
+            self._reject(
+                exp.name,
+                item.kind,
+                item.message,
+                "experiment_mismatch",
+                f"payload names {decoded.experiment!r} on {exp.name}'s topic",
+            )
+            return None
+        return decoded
+
+    def _account(
+        self, exp: Experiment, kind: str, message: IncomingMessage, verdict: Verdict
+    ) -> None:
+        self.handled[(exp.name, kind, verdict.outcome)] += 1
+        if verdict.outcome == "rejected":
+            self._reject(exp.name, kind, message, verdict.reason, verdict.reason)
+        else:
+            self.metrics.message(exp.name, kind, verdict.outcome)
+
+    # ------------------------------------------------------------------ rejected input
+    def _reject(
+        self,
+        experiment: str | None,
+        kind: str,
+        message: IncomingMessage,
+        reason: str,
+        detail: str,
+    ) -> None:
+        log.warning(
+            "message.rejected",
+            experiment=experiment,
+            kind=kind,
+            topic=message.topic,
+            reason=reason,
+            detail=detail,
+        )
+        if experiment in self.experiments:
+            self.metrics.message(experiment, kind, "rejected", reason)
+            if not self._letter_budget.take(experiment):
+                return  # a flood: counted and logged, not written (each letter is an fsync)
+            letter = DeadLetter.for_rejected(message.topic, message.payload, reason, detail)
+            exp = self.experiments[experiment]
+            exp.store.add_dead_letter(
+                experiment, message.topic, reason, detail, message.payload, letter.at
+            )
+            with contextlib.suppress(asyncio.QueueFull):
+                self._dead_letters.put_nowait((self.topics.deadletter(experiment), encode(letter)))
+
+    async def _publish_dead_letters(self) -> None:
+        while True:
+            topic, payload = await self._dead_letters.get()
+            await self.link.publish(topic, payload)

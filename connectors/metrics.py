@@ -1,0 +1,297 @@
+"""Prometheus metrics of cbo-agent and the HTTP endpoints that serve them.
+
+`AgentMetrics` owns a private CollectorRegistry (never the global one, so tests and several
+agents in one process do not collide) and has one small method per thing the agent reports.
+Every series carries an `experiment` label.
+
+`MetricsServer` serves, from a daemon thread on the stdlib's ThreadingHTTPServer:
+
+- ``/metrics``  text exposition of the private registry
+- ``/healthz``  200 "ok" while the process is alive
+- ``/readyz``   200 when the readiness check passes, else 503 with the reason
+- anything else 404
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Final, Literal, Self, get_args
+from urllib.parse import urlsplit
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from connectors.topics import EXPERIMENT_TOPIC_KINDS
+
+log = structlog.get_logger(__name__)
+
+MessageOutcome = Literal["accepted", "duplicate", "late", "rejected"]
+MESSAGE_OUTCOMES: Final[tuple[MessageOutcome, ...]] = get_args(MessageOutcome)
+# Message kinds as labels: the topic kinds, the agent status, and "unknown" for input whose kind
+# could not be told (a foreign topic, say). A closed set keeps label cardinality bounded.
+MESSAGE_KINDS: Final = frozenset(EXPERIMENT_TOPIC_KINDS) | {"status", "unknown"}
+
+# Bucket edges, roughly 1-2.5-5 (or 1-3) per decade over the range each duration lives in.
+GP_UPDATE_BUCKETS: Final[tuple[float, ...]] = (
+    *(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01),
+    *(0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
+)
+DECISION_BUCKETS: Final[tuple[float, ...]] = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+ROUND_WAIT_BUCKETS: Final[tuple[float, ...]] = (
+    *(0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
+    *(60.0, 120.0, 300.0, 600.0),
+)
+
+
+class AgentMetrics:
+    """The agent's Prometheus series, on a private registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        exp = ("experiment",)
+        self._rounds = Counter("cbo_rounds", "Rounds completed.", exp, registry=self.registry)
+        self._cumulative_regret = self._gauge(
+            "cbo_cumulative_regret", "Sum over rounds of optimum − E[y|action], from the oracle."
+        )
+        self._simple_regret = self._gauge(
+            "cbo_simple_regret", "Optimum − E[y|best action so far], from the oracle."
+        )
+        self._regret_upper_estimate = self._gauge(
+            "cbo_regret_upper_estimate",
+            "Model-based upper estimate of cumulative regret (no oracle: real systems).",
+        )
+        self._reward_last = self._gauge("cbo_reward_last", "Reward observed in the last round.")
+        self._reward_best = self._gauge("cbo_reward_best", "Best reward observed so far.")
+        self._budget_spent = self._gauge("cbo_budget_spent", "Intervention cost spent.")
+        self._budget_remaining = self._gauge("cbo_budget_remaining", "Budget left to spend.")
+        self._observations = Gauge(
+            "cbo_observations",
+            "Observations held by a node's model.",
+            ("experiment", "node"),
+            registry=self.registry,
+        )
+        self._gp_update = self._histogram(
+            "cbo_gp_update_seconds", "Time of one posterior update.", GP_UPDATE_BUCKETS
+        )
+        self._decision = self._histogram(
+            "cbo_decision_seconds",
+            "Last reading of a round to action published.",
+            DECISION_BUCKETS,
+        )
+        self._round_wait = self._histogram(
+            "cbo_round_wait_seconds",
+            "Action published to round closed (feedback wait).",
+            ROUND_WAIT_BUCKETS,
+        )
+        self._messages = Counter(
+            "cbo_messages",
+            "Incoming messages by kind and outcome; reason is set for rejected ones only.",
+            ("experiment", "kind", "outcome", "reason"),
+            registry=self.registry,
+        )
+
+    def round_completed(self, experiment: str) -> None:
+        """Count one finished round."""
+        self._rounds.labels(experiment).inc()
+
+    def set_regret(self, experiment: str, *, cumulative: float, simple: float) -> None:
+        """True regret, computed from a simulator's oracle."""
+        self._cumulative_regret.labels(experiment).set(cumulative)
+        self._simple_regret.labels(experiment).set(simple)
+
+    def set_regret_upper_estimate(self, experiment: str, value: float) -> None:
+        """The model-based regret estimate used where no oracle exists."""
+        self._regret_upper_estimate.labels(experiment).set(value)
+
+    def set_reward(self, experiment: str, *, last: float, best: float) -> None:
+        """Reward of the last round and the best so far."""
+        self._reward_last.labels(experiment).set(last)
+        self._reward_best.labels(experiment).set(best)
+
+    def set_budget(self, experiment: str, *, spent: float, remaining: float) -> None:
+        """Budget ledger totals."""
+        self._budget_spent.labels(experiment).set(spent)
+        self._budget_remaining.labels(experiment).set(remaining)
+
+    def set_observations(self, experiment: str, node: str, count: int) -> None:
+        """Number of observations in one node's model."""
+        self._observations.labels(experiment, node).set(count)
+
+    def observe_gp_update(self, experiment: str, seconds: float) -> None:
+        """Duration of one (batched) posterior update."""
+        self._gp_update.labels(experiment).observe(seconds)
+
+    def observe_decision(self, experiment: str, seconds: float) -> None:
+        """Decision latency: last reading of a round to action published."""
+        self._decision.labels(experiment).observe(seconds)
+
+    def observe_round_wait(self, experiment: str, seconds: float) -> None:
+        """How long a round waited for its feedback."""
+        self._round_wait.labels(experiment).observe(seconds)
+
+    def message(
+        self, experiment: str, kind: str, outcome: MessageOutcome, reason: str = ""
+    ) -> None:
+        """Count one incoming message; `reason` (a short code) only with outcome "rejected"."""
+        if kind not in MESSAGE_KINDS:
+            raise ValueError(f"unknown message kind {kind!r}; expected one of {MESSAGE_KINDS}")
+        if outcome not in MESSAGE_OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {MESSAGE_OUTCOMES}")
+        if (outcome == "rejected") != bool(reason):
+            raise ValueError("a reason goes with outcome 'rejected', and only with it")
+        self._messages.labels(experiment, kind, outcome, reason).inc()
+
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(name, documentation, ("experiment",), registry=self.registry)
+
+    def _histogram(self, name: str, documentation: str, buckets: Iterable[float]) -> Histogram:
+        return Histogram(
+            name, documentation, ("experiment",), buckets=tuple(buckets), registry=self.registry
+        )
+
+
+ReadinessCheck = Callable[[], tuple[bool, str]]
+
+
+class Readiness:
+    """Thread-safe readiness: ready when every named condition holds.
+
+    >>> readiness = Readiness("broker_connected", "experiments_loaded")
+    >>> readiness.set("broker_connected", True)
+    >>> readiness()
+    (False, 'waiting for: experiments_loaded')
+    """
+
+    def __init__(self, *conditions: str) -> None:
+        self._lock = threading.Lock()
+        self._state = dict.fromkeys(conditions, False)
+
+    def set(self, condition: str, holds: bool) -> None:
+        """Mark one condition as holding or not; new names add a condition."""
+        with self._lock:
+            self._state[condition] = holds
+
+    def __call__(self) -> tuple[bool, str]:
+        with self._lock:
+            waiting = [name for name, holds in self._state.items() if not holds]
+        return (not waiting, "ready" if not waiting else "waiting for: " + ", ".join(waiting))
+
+
+class MetricsServer:
+    """HTTP endpoints for Prometheus and for orchestrators' probes; a context manager.
+
+    `port=0` picks a free port; `port` tells which one was bound once started.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        readiness: ReadinessCheck,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._registry = registry
+        self._readiness = readiness
+        self._address = (host, port)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (only once started)."""
+        if self._server is None:
+            raise RuntimeError("metrics server not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:9464``."""
+        return f"http://{self._address[0]}:{self.port}"
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread."""
+        if self._server is not None:
+            raise RuntimeError("metrics server already started")
+        server = ThreadingHTTPServer(self._address, _handler_class(self._registry, self._readiness))
+        server.daemon_threads = True  # a stuck scrape must not block shutdown
+        self._server = server
+        # serve_forever polls for shutdown; 0.1 s makes close() quick at 10 idle wakeups/s.
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="metrics-http",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("metrics.serving", host=self._address[0], port=self.port)
+
+    def close(self) -> None:
+        """Stop serving and release the port; safe to call twice."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        log.info("metrics.stopped")
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _handler_class(
+    registry: CollectorRegistry, readiness: ReadinessCheck
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                self._reply(HTTPStatus.OK, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._reply(HTTPStatus.OK, b"ok\n")
+            elif path == "/readyz":
+                self._reply_readiness()
+            else:
+                self._reply(HTTPStatus.NOT_FOUND, b"not found\n")
+
+        def _reply_readiness(self) -> None:
+            try:
+                ready, reason = readiness()
+            except Exception as error:  # a broken check means "not ready", never a dead server
+                ready, reason = False, f"readiness check failed: {error!r}"
+            status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+            self._reply(status, (reason + "\n").encode("utf-8"))
+
+        def _reply(
+            self, status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8"
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            # The stdlib writes every request to stderr; scrapes are routine, keep them quiet.
+            log.debug("metrics.request", line=format % args)
+
+    return Handler

@@ -1,0 +1,359 @@
+"""Message schemas of the cbo-agent MQTT protocol and their JSON codec.
+
+Every payload is a compact JSON object whose first two fields name its schema and version:
+``{"schema": "cbo.reading", "version": 1, ...}``. The models below hold the other fields; the
+codec adds and checks the envelope. `decode` turns any bytes into a validated message or a
+`DecodeError` whose `reason` is a short, stable code fit for a metric label and a dead letter.
+
+Models are strict and closed: no type coercion ("3" is not a round), no unknown fields (typos
+surface), no non-finite numbers (NaN, Infinity, or a literal like 1e999 that overflows).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from functools import partial
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar, get_args, overload
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from connectors.topics import validate_experiment_id, validate_identifier
+
+SCHEMA_VERSION: Final = 1
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 65_536
+DEADLETTER_TEXT_LIMIT: Final = 1024
+MAX_SEQUENCE: Final = 2**63 - 1  # fits a signed 64-bit column in the durable store
+
+DecodeReason = Literal[
+    "oversized",
+    "malformed_json",
+    "not_an_object",
+    "unknown_schema",
+    "unsupported_version",
+    "wrong_schema",
+    "invalid",
+]
+DECODE_REASONS: Final[tuple[DecodeReason, ...]] = get_args(DecodeReason)
+
+
+class DecodeError(Exception):
+    """A payload that is not a valid message; `reason` is one of DECODE_REASONS."""
+
+    def __init__(self, reason: DecodeReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: DecodeReason = reason
+        self.detail = detail
+
+
+class EncodeError(ValueError):
+    """A message that would be rejected by receivers (today: larger than their size limit)."""
+
+
+def _require_utf8(text: str) -> str:
+    # JSON escapes like "\ud800" decode to lone surrogates, which cannot be re-encoded as UTF-8:
+    # reject them here rather than fail later when the agent logs, stores or republishes them.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("string holds a lone surrogate (not valid Unicode)") from None
+    return text
+
+
+ExperimentId = Annotated[str, AfterValidator(validate_experiment_id)]
+DeviceId = Annotated[str, AfterValidator(partial(validate_identifier, what="device id"))]
+AgentId = Annotated[str, AfterValidator(partial(validate_identifier, what="agent id"))]
+ActionId = Annotated[str, AfterValidator(partial(validate_identifier, what="action id"))]
+# Node and intervention names come from experiment specs; allow any printable text.
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$"),
+    AfterValidator(_require_utf8),
+]
+Text = Annotated[str, Field(max_length=DEADLETTER_TEXT_LIMIT), AfterValidator(_require_utf8)]
+ReasonCode = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+Round = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+SequenceNumber = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+UnixTime = Annotated[float, Field(ge=0)]
+
+
+class MessageModel(BaseModel):
+    """Base of every message: strict, closed, immutable, finite."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+    SCHEMA: ClassVar[str]
+    VERSION: ClassVar[int] = SCHEMA_VERSION
+
+
+class Action(MessageModel):
+    """agent → actuators: the intervention of one round.
+
+    A re-publish (after a crash or a lost ack) keeps `action_id` and bumps `attempt`.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.action"
+
+    experiment: ExperimentId
+    round: Round
+    action_id: ActionId
+    intervention: dict[Name, float]
+    kind: Literal["soft", "hard"]
+    issued_at: UnixTime
+    attempt: int = Field(ge=1)
+
+    @classmethod
+    def issue(
+        cls,
+        experiment: str,
+        round: int,
+        intervention: dict[str, float],
+        kind: Literal["soft", "hard"] = "hard",
+        *,
+        at: float | None = None,
+    ) -> Action:
+        """First attempt of a new action, with a fresh uuid4 `action_id`."""
+        return cls(
+            experiment=experiment,
+            round=round,
+            action_id=uuid.uuid4().hex,
+            intervention=intervention,
+            kind=kind,
+            issued_at=time.time() if at is None else at,
+            attempt=1,
+        )
+
+    def next_attempt(self, *, at: float | None = None) -> Action:
+        """The same action published again: same `action_id`, `attempt` + 1, new `issued_at`."""
+        issued_at = time.time() if at is None else at
+        return self.model_copy(update={"attempt": self.attempt + 1, "issued_at": issued_at})
+
+
+class Ack(MessageModel):
+    """actuators → agent: what one device did with an action."""
+
+    SCHEMA: ClassVar[str] = "cbo.ack"
+
+    experiment: ExperimentId
+    round: Round
+    action_id: ActionId
+    device_id: DeviceId
+    status: Literal["applied", "rejected"]
+    reason: Text | None = None
+    applied: dict[Name, float]
+    at: UnixTime
+
+
+class Reading(MessageModel):
+    """sensors → agent: one node value (or reward component) observed in one round.
+
+    `seq` counts per device and node, so a QoS 1 redelivery is recognised as a duplicate.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.reading"
+
+    experiment: ExperimentId
+    round: Round
+    node: Name
+    value: float
+    seq: SequenceNumber
+    device_id: DeviceId
+    at: UnixTime
+
+
+class Oracle(MessageModel):
+    """simulators → agent: the noise-free E[y | action] and the optimum, for true regret."""
+
+    SCHEMA: ClassVar[str] = "cbo.oracle"
+
+    experiment: ExperimentId
+    round: Round
+    action_id: ActionId
+    expected_reward: float
+    optimum: float
+    device_id: DeviceId
+    at: UnixTime
+
+
+class Status(MessageModel):
+    """agent → anyone: the retained presence of one agent (the last will says "offline")."""
+
+    SCHEMA: ClassVar[str] = "cbo.status"
+
+    agent_id: AgentId
+    state: Literal["online", "offline"]
+    experiments: list[ExperimentId]
+    software_version: Annotated[str, Field(min_length=1, max_length=64)]
+    at: UnixTime
+
+
+class DeadLetter(MessageModel):
+    """agent → operators: one rejected input, the reason code and the evidence."""
+
+    SCHEMA: ClassVar[str] = "cbo.deadletter"
+
+    topic: Text
+    reason: ReasonCode
+    detail: Text
+    payload: Text
+    at: UnixTime
+
+    @classmethod
+    def for_rejected(
+        cls, topic: str, payload: bytes, reason: str, detail: str, *, at: float | None = None
+    ) -> DeadLetter:
+        """Dead letter for `payload`, decoded leniently and truncated to fit the limits."""
+        return cls(
+            topic=_utf8_prefix(topic),
+            reason=reason,
+            detail=_utf8_prefix(detail),
+            payload=bytes(payload).decode("utf-8", errors="replace")[:DEADLETTER_TEXT_LIMIT],
+            at=time.time() if at is None else at,
+        )
+
+
+def _utf8_prefix(text: str) -> str:
+    safe = text.encode("utf-8", errors="replace").decode("utf-8")
+    return safe[:DEADLETTER_TEXT_LIMIT]
+
+
+Message: TypeAlias = Action | Ack | Reading | Oracle | Status | DeadLetter
+MESSAGE_TYPES: Final[dict[str, type[MessageModel]]] = {
+    model.SCHEMA: model for model in (Action, Ack, Reading, Oracle, Status, DeadLetter)
+}
+M = TypeVar("M", bound=MessageModel)
+
+
+def encode(message: MessageModel, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+    """Compact UTF-8 JSON with the schema envelope; EncodeError if over `max_bytes`."""
+    document = {"schema": message.SCHEMA, "version": message.VERSION}
+    document.update(message.model_dump(mode="json"))
+    payload = json.dumps(
+        document, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+    if len(payload) > max_bytes:
+        raise EncodeError(f"{message.SCHEMA} payload of {len(payload)} bytes > {max_bytes}")
+    return payload
+
+
+@overload
+def decode(
+    payload: bytes, expected: None = None, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> Message: ...
+
+
+@overload
+def decode(
+    payload: bytes, expected: type[M], *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> M: ...
+
+
+def decode(
+    payload: bytes,
+    expected: type[MessageModel] | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> MessageModel:
+    """Validate `payload` into a message (of type `expected`, if given).
+
+    Raises DecodeError, and nothing else, for any input bytes. The size limit is checked before
+    any parsing, so an oversized payload costs nothing but its length.
+    """
+    if len(payload) > max_bytes:
+        raise DecodeError("oversized", f"{len(payload)} bytes > limit of {max_bytes}")
+    document = _parse_json(bytes(payload))
+    if not isinstance(document, dict):
+        raise DecodeError("not_an_object", f"top-level JSON value is {_json_type(document)}")
+    model = _model_for(document)
+    _check_version(document, model)
+    fields = {key: value for key, value in document.items() if key not in ("schema", "version")}
+    try:
+        message = model.model_validate(fields)
+    except ValidationError as error:
+        raise DecodeError("invalid", f"{model.SCHEMA}: {_summarize(error)}") from None
+    if expected is not None and not isinstance(message, expected):
+        raise DecodeError("wrong_schema", f"got {model.SCHEMA}, expected {expected.SCHEMA}")
+    return message
+
+
+class _NonFiniteNumber(Exception):
+    """Raised from inside json.loads; kept apart from ValueError (which means malformed)."""
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _reject_non_finite(literal: str) -> float:
+    raise _NonFiniteNumber(literal)
+
+
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Duplicate keys are legal-ish JSON, but which one wins differs between parsers: refuse.
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _DuplicateKey(f"duplicate key {duplicate!r}")
+    return document
+
+
+def _parse_json(payload: bytes) -> Any:
+    try:
+        return json.loads(
+            payload,
+            parse_constant=_reject_non_finite,
+            object_pairs_hook=_object_without_duplicate_keys,
+        )
+    except _NonFiniteNumber as error:
+        raise DecodeError("invalid", f"non-finite number literal {error}") from None
+    except RecursionError:
+        raise DecodeError("malformed_json", "nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, int digit limit, dupes
+        raise DecodeError("malformed_json", _shorten(str(error))) from None
+
+
+def _model_for(document: dict[str, Any]) -> type[MessageModel]:
+    schema = document.get("schema")
+    if schema is None:
+        raise DecodeError("unknown_schema", "missing 'schema' field")
+    if not isinstance(schema, str) or schema not in MESSAGE_TYPES:
+        raise DecodeError("unknown_schema", f"schema {_shorten(repr(schema))} is not known")
+    return MESSAGE_TYPES[schema]
+
+
+def _check_version(document: dict[str, Any], model: type[MessageModel]) -> None:
+    if "version" not in document:
+        raise DecodeError("unsupported_version", f"{model.SCHEMA}: missing 'version' field")
+    version = document["version"]
+    # `type(...) is int` because True == 1 in Python and a bool is no version number.
+    if type(version) is not int or version != model.VERSION:
+        raise DecodeError(
+            "unsupported_version",
+            f"{model.SCHEMA}: version {_shorten(repr(version))}, supported {model.VERSION}",
+        )
+
+
+def _summarize(error: ValidationError, limit: int = 3) -> str:
+    problems = [
+        f"{'.'.join(str(part) for part in problem['loc']) or '<root>'}: {problem['msg']}"
+        for problem in error.errors(include_url=False, include_input=False)[:limit]
+    ]
+    more = error.error_count() - len(problems)
+    if more > 0:
+        problems.append(f"and {more} more")
+    return _shorten("; ".join(problems))
+
+
+def _json_type(value: Any) -> str:
+    names: dict[type, str] = {list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "a number"
+    return names.get(type(value), type(value).__name__)
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

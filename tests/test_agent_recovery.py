@@ -1,0 +1,74 @@
+"""A restarted agent continues the same experiment: same rounds, same budget, same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent.experiment import Experiment, RoundStatus
+from connectors.store import Store
+from tests.test_agent_join import ack, chain_spec, reading
+
+
+def spec_with(**model):
+    spec = chain_spec()
+    return spec.model_copy(
+        update={
+            "model": spec.model.model_copy(update={"refit_every": 4, "misfit_z": 3.0, **model}),
+            "constraints": spec.constraints.model_copy(update={"budget_total": 50.0}),
+        }
+    )
+
+
+def drive(exp: Experiment, rounds: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    seq = 1000 * seed
+    for _ in range(rounds):
+        live = exp.propose()
+        exp.mark_published(live.number)
+        exp.on_ack(ack(exp, live.number))
+        a = float(torch.rand(1, generator=gen))
+        b = a + live.intervention["u"] + 0.1 * float(torch.randn(1, generator=gen))
+        values = {"A": a, "B": b, "C": 2 * b * b}
+        exp.on_readings(
+            [reading(exp, live.number, n, v, seq + i) for i, (n, v) in enumerate(values.items())]
+        )
+        seq += 3
+
+
+def test_restart_rebuilds_rounds_budget_and_the_exact_posterior(tmp_path):
+    path = tmp_path / "agent.sqlite"
+    with Store(path) as store:
+        before = Experiment(spec_with(), store, seed=1)
+        drive(before, 14, seed=1)
+        live = before.propose()  # a round proposed but never published (crash)
+        probe = torch.rand(
+            3,
+            4,
+            before.model.input_dim,
+            dtype=torch.float64,
+            generator=torch.Generator().manual_seed(5),
+        )
+        expected = before.model.gp.posterior(probe)
+        spent = before.budget_spent()
+    with Store(path) as store:
+        after = Experiment(spec_with(), store, seed=1)
+        assert sorted(after.rounds) == sorted(before.rounds)
+        assert after.next_round == live.number + 1
+        assert after.rounds[live.number].status is RoundStatus.PROPOSED
+        assert after.rounds[live.number].action.action_id == live.action.action_id
+        assert after.budget_spent() == pytest.approx(spent)
+        assert after.model.gp.num_observations.tolist() == before.model.gp.num_observations.tolist()
+        got = after.model.gp.posterior(probe)
+        torch.testing.assert_close(got.mean, expected.mean, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(got.variance, expected.variance, rtol=1e-9, atol=1e-9)
+        drive(after, 2, seed=2)  # and it goes on from there
+        assert after.next_round == live.number + 3
+
+
+def test_a_changed_graph_is_refused(tmp_path):
+    path = tmp_path / "agent.sqlite"
+    with Store(path) as store:
+        drive(Experiment(spec_with(), store), 2, seed=3)
+    with Store(path) as store, pytest.raises(ValueError, match="different \\['model'\\]"):
+        Experiment(spec_with(kernel="rbf"), store)

@@ -1,0 +1,760 @@
+"""The durable store: round trips, duplicates, the budget ledger under threads and kill -9,
+atomic transactions, migrations, snapshots without pickle, bounded dead letters and export."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import importlib.util
+import math
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from connectors import _store_schema
+from connectors.store import (
+    EXPORT_TABLES,
+    BudgetExceeded,
+    IllegalTransition,
+    Store,
+    StoreError,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXP = "toy-chain"
+SPEC = {"nodes": ["X", "Y"], "budget": {"total": 10.0}, "note": "ünïcode"}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[Store]:
+    with Store(db) as opened:
+        opened.upsert_experiment(EXP, SPEC)
+        yield opened
+
+
+def add_rounds(store: Store, n: int, experiment: str = EXP, cost: float = 1.0) -> None:
+    for r in range(n):
+        store.add_round(experiment, r, f"{experiment}-a{r}", {"X": r / 2}, ["X"], cost, "hard", r)
+
+
+# ---- round trips ----------------------------------------------------------------------------
+
+
+def test_every_kind_of_row_round_trips_through_a_reopen(db: Path) -> None:
+    with Store(db) as store:
+        store.upsert_experiment(EXP, SPEC)
+        store.upsert_experiment("other", {})
+        assert store.add_round(EXP, 0, "a0", {"X": 0.75, "Z": -1.25}, ["X", "Z"], 2.5, "soft", 1.0)
+        assert store.set_round_status(EXP, 0, "published", 2.0)
+        assert store.bump_attempt(EXP, 0) == 1
+        assert store.bump_attempt(EXP, 0) == 2
+        assert store.reserve(EXP, 0, 2.5, 10.0, 1.5)
+        assert store.add_reading(EXP, 0, "Y", 3.4187, 1042, "sensor-7", 3.0, measured_at=2.9)
+        assert store.add_reading(EXP, 0, "X", -0.0, 0, "sensor-7", 3.1)
+        assert store.add_oracle(EXP, 0, "a0", 3.35, 4.1, 3.2)
+        sid = store.save_snapshot(EXP, 2, {"L": np.eye(2)}, {"n": 2, "nodes": ["X", "Y"]}, at=4.0)
+        dl = store.add_dead_letter(EXP, "cbo/toy-chain/reading", "invalid", "bad", b"{\xff", 5.0)
+
+    with Store(db) as store:
+        assert store.experiment_names() == ["other", EXP]
+        assert store.experiment_spec(EXP) == SPEC and store.experiment_spec("nope") is None
+        (row,) = store.rounds(EXP)
+        assert row == store.get_round(EXP, 0)
+        assert (row.round, row.action_id, row.kind, row.cost) == (0, "a0", "soft", 2.5)
+        assert row.intervention == {"X": 0.75, "Z": -1.25} and row.target_set == ["X", "Z"]
+        assert (row.status, row.attempt, row.proposed_at, row.status_at) == ("published", 2, 1, 2)
+        first, second = store.readings(EXP)
+        assert (first.node, first.value, first.seq, first.device_id) == (
+            "Y",
+            3.4187,
+            1042,
+            "sensor-7",
+        )
+        assert (first.received_at, first.measured_at) == (3.0, 2.9)
+        # SQLite keeps integral REALs as integers on disk, so -0.0 reads back as 0.0 (equal).
+        assert second.measured_at is None and second.value == 0.0
+        assert first.id < second.id and store.last_reading_id(EXP) == second.id
+        assert store.readings(EXP, after_id=first.id) == [second]
+        assert store.readings(EXP, limit=1) == [first] and store.readings("other") == []
+        (oracle,) = store.oracles(EXP)
+        assert (oracle.action_id, oracle.expected_reward, oracle.optimum, oracle.at) == (
+            "a0", 3.35, 4.1, 3.2,
+        )  # fmt: skip
+        (entry,) = store.ledger_entries(EXP)
+        assert (entry.amount, entry.state, entry.budget_total, entry.reserved_at) == (
+            2.5, "reserved", 10.0, 1.5,
+        )  # fmt: skip
+        totals = store.ledger(EXP)
+        assert (totals.reserved, totals.settled, totals.released, totals.spent) == (2.5, 0, 0, 2.5)
+        snap = store.latest_snapshot(EXP)
+        assert snap is not None and (snap.id, snap.upto_reading_id, snap.created_at) == (sid, 2, 4)
+        assert snap.meta == {"n": 2, "nodes": ["X", "Y"]}
+        assert np.array_equal(snap.arrays["L"], np.eye(2))
+        assert store.latest_snapshot("other") is None
+        (letter,) = store.dead_letters(EXP)
+        assert (letter.id, letter.topic, letter.reason, letter.detail) == (
+            dl, "cbo/toy-chain/reading", "invalid", "bad",
+        )  # fmt: skip
+        assert (letter.payload, letter.payload_size, letter.at) == (b"{\xff", 2, 5.0)
+        assert store.schema_version == _store_schema.schema_version()
+
+
+def test_store_runs_in_wal_with_full_sync_and_foreign_keys(store: Store) -> None:
+    conn = store._conn
+    assert conn is not None
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+
+
+def test_upsert_replaces_a_spec(store: Store) -> None:
+    store.upsert_experiment(EXP, {"v": 2})
+    assert store.experiment_spec(EXP) == {"v": 2} and store.experiment_names() == [EXP]
+
+
+# ---- duplicates and bad input ---------------------------------------------------------------
+
+
+def test_duplicate_readings_are_rejected_and_write_nothing(store: Store) -> None:
+    add_rounds(store, 2)
+    assert store.add_reading(EXP, 0, "Y", 1.0, 7, "s1", 1.0)
+    # Same (experiment, device, node, seq): dropped whatever the other fields say.
+    assert not store.add_reading(EXP, 1, "Y", 99.0, 7, "s1", 2.0)
+    assert [(r.round, r.value) for r in store.readings(EXP)] == [(0, 1.0)]
+    # Any other identity is a new reading.
+    assert store.add_reading(EXP, 0, "Y", 1.0, 8, "s1", 1.0)
+    assert store.add_reading(EXP, 0, "Y", 1.0, 7, "s2", 1.0)
+    assert store.add_reading(EXP, 0, "X", 1.0, 7, "s1", 1.0)
+    store.upsert_experiment("e2", {})
+    add_rounds(store, 1, "e2")
+    assert store.add_reading("e2", 0, "Y", 1.0, 7, "s1", 1.0)
+    assert len(store.readings(EXP)) == 4 and len(store.readings("e2")) == 1
+
+
+def test_round_and_oracle_retries_are_idempotent_and_conflicts_raise(store: Store) -> None:
+    assert store.add_round(EXP, 0, "a0", {}, [], 0.0, "hard", 1.0)
+    assert not store.add_round(EXP, 0, "a0", {}, [], 0.0, "hard", 9.0)
+    with pytest.raises(StoreError, match=r"round 0.*already holds action 'a0'"):
+        store.add_round(EXP, 0, "b0", {}, [], 0.0, "hard", 1.0)
+    with pytest.raises(StoreError, match="action_id 'a0' already used"):
+        store.add_round(EXP, 1, "a0", {}, [], 0.0, "hard", 1.0)
+    assert store.add_oracle(EXP, 0, "a0", 1.0, 2.0, 1.0)
+    assert not store.add_oracle(EXP, 0, "a0", 5.0, 6.0, 2.0)
+    assert [(o.expected_reward, o.optimum) for o in store.oracles(EXP)] == [(1.0, 2.0)]
+    with pytest.raises(StoreError, match="'zz' is not the round's 'a0'"):
+        store.add_oracle(EXP, 0, "zz", 1.0, 2.0, 1.0)
+
+
+def test_unknown_names_and_bad_values_raise_errors_that_name_them(store: Store) -> None:
+    with pytest.raises(StoreError, match="unknown experiment 'ghost'"):
+        store.add_round("ghost", 0, "a0", {}, [], 0.0, "hard", 1.0)
+    add_rounds(store, 1)
+    with pytest.raises(StoreError, match=f"unknown round 5 of experiment '{EXP}'"):
+        store.add_reading(EXP, 5, "Y", 1.0, 0, "s", 1.0)
+    with pytest.raises(StoreError, match="value must be finite"):
+        store.add_reading(EXP, 0, "Y", math.nan, 0, "s", 1.0)
+    with pytest.raises(StoreError, match="seq must be in"):
+        store.add_reading(EXP, 0, "Y", 1.0, -1, "s", 1.0)
+    with pytest.raises(StoreError, match="round must be an integer"):
+        store.add_reading(EXP, True, "Y", 1.0, 0, "s", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="kind must be one of"):
+        store.add_round(EXP, 1, "a1", {}, [], 0.0, "gentle", 1.0)
+    with pytest.raises(StoreError, match=r"intervention\['X'\] must be finite"):
+        store.add_round(EXP, 1, "a1", {"X": math.inf}, ["X"], 0.0, "hard", 1.0)
+    with pytest.raises(StoreError, match="cost must be >= 0"):
+        store.add_round(EXP, 1, "a1", {}, [], -1.0, "hard", 1.0)
+    with pytest.raises(StoreError, match="not JSON-serializable"):
+        store.upsert_experiment("bad", {"x": math.nan})
+    assert store.experiment_names() == [EXP] and len(store.rounds(EXP)) == 1
+    assert store.readings(EXP) == []
+
+
+# ---- rounds ---------------------------------------------------------------------------------
+
+
+def test_round_status_follows_its_state_machine(store: Store) -> None:
+    add_rounds(store, 4)
+    assert store.set_round_status(EXP, 0, "published", 1.0)
+    assert not store.set_round_status(EXP, 0, "published", 2.0)  # a repeat is a no-op
+    assert store.get_round(EXP, 0).status_at == 1.0  # type: ignore[union-attr]
+    assert store.set_round_status(EXP, 0, "acked", 3.0)
+    assert store.set_round_status(EXP, 0, "closed", 4.0)
+    with pytest.raises(IllegalTransition, match=f"round 0 of experiment '{EXP}'.*'closed'"):
+        store.set_round_status(EXP, 0, "acked", 5.0)
+    with pytest.raises(IllegalTransition):
+        store.bump_attempt(EXP, 0)
+    assert store.set_round_status(EXP, 1, "acked", 1.0)  # the ack of a crash-lost publication
+    assert store.set_round_status(EXP, 2, "rejected", 1.0, reason="X3 below limit")
+    assert store.get_round(EXP, 2).reason == "X3 below limit"  # type: ignore[union-attr]
+    with pytest.raises(IllegalTransition):
+        store.set_round_status(EXP, 2, "published", 2.0)
+    with pytest.raises(IllegalTransition):
+        store.set_round_status(EXP, 3, "closed", 2.0)  # never published
+    with pytest.raises(StoreError, match="unknown round status 'done'"):
+        store.set_round_status(EXP, 3, "done", 2.0)
+    with pytest.raises(StoreError, match="unknown round 9"):
+        store.set_round_status(EXP, 9, "published", 2.0)
+    assert [(r.round, r.status) for r in store.open_rounds(EXP)] == [(1, "acked"), (3, "proposed")]
+    # Late readings for a closed round still count.
+    assert store.add_reading(EXP, 0, "Y", 1.0, 0, "s", 9.0)
+
+
+# ---- ledger ---------------------------------------------------------------------------------
+
+
+def test_ledger_reserve_settle_release(store: Store) -> None:
+    add_rounds(store, 5)
+    assert store.reserve(EXP, 0, 4.0, 10.0, 1.0)
+    assert store.reserve(EXP, 1, 5.0, 10.0, 1.0)
+    with pytest.raises(BudgetExceeded, match=f"'{EXP}'.*round 2 needs 2.0.*9.0 of 10.0") as info:
+        store.reserve(EXP, 2, 2.0, 10.0, 1.0)
+    assert (info.value.spent, info.value.budget_total) == (9.0, 10.0)
+    assert store.ledger_entries(EXP)[-1].round == 1  # the refusal wrote nothing
+    assert not store.reserve(EXP, 0, 4.0, 10.0, 2.0)  # same reservation again: no-op
+    with pytest.raises(IllegalTransition):
+        store.reserve(EXP, 0, 3.0, 10.0, 2.0)
+    assert store.settle(EXP, 0, 3.0) and not store.settle(EXP, 0, 4.0)
+    assert store.release(EXP, 1, 3.0) and not store.release(EXP, 1, 4.0)
+    with pytest.raises(IllegalTransition, match="'settled' to 'released'"):
+        store.release(EXP, 0, 5.0)
+    with pytest.raises(IllegalTransition, match="'released' to 'settled'"):
+        store.settle(EXP, 1, 5.0)
+    with pytest.raises(IllegalTransition, match="'unreserved' to 'settled'"):
+        store.settle(EXP, 3, 5.0)
+    with pytest.raises(IllegalTransition):
+        store.reserve(EXP, 1, 5.0, 10.0, 5.0)  # a released round is not reserved again
+    assert store.reserve(EXP, 2, 6.0, 10.0, 6.0)  # the released 5.0 is free again
+    totals = store.ledger(EXP)
+    assert (totals.reserved, totals.settled, totals.released, totals.spent) == (6, 4, 5, 10)
+    assert store.reserve(EXP, 3, 1e9, None, 7.0)  # no limit: recorded all the same
+    with pytest.raises(StoreError, match="unknown round 7"):
+        store.reserve(EXP, 7, 1.0, None, 7.0)
+    with pytest.raises(StoreError, match="amount must be finite"):
+        store.reserve(EXP, 4, math.inf, None, 7.0)
+
+
+def test_ledger_sums_are_exactly_rounded(store: Store) -> None:
+    add_rounds(store, 11)
+    for r in range(10):  # 0.1 added ten times naively is 0.9999999999999999
+        store.reserve(EXP, r, 0.1, 1.0, 0.0)
+    assert store.ledger(EXP).spent == 1.0
+    with pytest.raises(BudgetExceeded):
+        store.reserve(EXP, 10, 1e-12, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-store", "store-per-thread"])
+def test_concurrent_reservers_never_overspend(db: Path, shared: bool) -> None:
+    threads_n, rounds_each, budget = 8, 6, 10.0
+    with Store(db) as setup:
+        setup.upsert_experiment(EXP, {})
+        add_rounds(setup, threads_n * rounds_each)
+    stores = [Store(db)] * threads_n if shared else [Store(db) for _ in range(threads_n)]
+    barrier = threading.Barrier(threads_n)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def reserver(k: int) -> None:
+        barrier.wait()
+        for i in range(rounds_each):
+            try:
+                stores[k].reserve(EXP, k * rounds_each + i, 1.0, budget, time.time())
+                result = "ok"
+            except BudgetExceeded:
+                result = "refused"
+            with lock:
+                outcomes.append(result)
+
+    workers = [threading.Thread(target=reserver, args=(k,)) for k in range(threads_n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=30)
+    for s in set(stores):
+        s.close()
+    assert len(outcomes) == threads_n * rounds_each
+    with Store(db) as store:
+        assert outcomes.count("ok") == 10 == len(store.ledger_entries(EXP))
+        assert store.ledger(EXP).spent == budget
+
+
+# ---- kill -9 --------------------------------------------------------------------------------
+
+RESERVE_THEN_WAIT = """
+import sys, time
+from connectors.store import Store
+store = Store(sys.argv[1])
+store.upsert_experiment("toy-chain", {})
+with store.transaction():
+    store.add_round("toy-chain", 0, "a0", {"X": 1.0}, ["X"], 7.0, "hard", 1.0)
+    store.reserve("toy-chain", 0, 7.0, 10.0, 1.0)
+print("@ reserved", flush=True)
+time.sleep(60)  # killed here, before publishing and before any ack could settle
+"""
+
+STREAM_WRITES = """
+import sys
+from connectors.store import Store
+store = Store(sys.argv[1])
+store.upsert_experiment("toy-chain", {})
+for i in range(1_000_000):
+    with store.transaction():
+        store.add_round("toy-chain", i, f"a{i}", {"X": i * 0.5}, ["X"], 1.0, "hard", float(i))
+        store.reserve("toy-chain", i, 1.0, None, float(i))
+        store.add_reading("toy-chain", i, "Y", i + 0.25, i, "tx", float(i))
+    print("@ t", i, flush=True)
+    store.add_reading("toy-chain", i, "Y", -i - 0.5, i, "solo", float(i))
+    print("@ s", i, flush=True)
+"""
+
+
+def spawn(script: str, db: Path) -> subprocess.Popen[str]:
+    """Run `script` on `db`; its protocol lines start with "@" (logs may share stdout)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), str(db)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=(db.parent / "child.err").open("w"),
+        text=True,
+    )
+
+
+def next_line(child: subprocess.Popen[str], db: Path) -> str:
+    """The child's next protocol line, without the "@ "; fails if it exits first."""
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("@ "):
+            return line[2:].strip()
+    raise AssertionError(f"child exited: {(db.parent / 'child.err').read_text()}")
+
+
+def kill9(child: subprocess.Popen[str]) -> list[str]:
+    """SIGKILL the child; return the rest of the protocol lines it printed before dying."""
+    os.kill(child.pid, signal.SIGKILL)
+    rest, _ = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    return [line[2:].strip() for line in rest.splitlines() if line.startswith("@ ")]
+
+
+def test_a_reservation_survives_sigkill_between_reserve_and_settle(db: Path) -> None:
+    child = spawn(RESERVE_THEN_WAIT, db)
+    try:
+        assert next_line(child, db) == "reserved"
+    finally:
+        kill9(child)
+    with Store(db) as store:
+        assert store.ledger(EXP).reserved == 7.0
+        assert [(r.round, r.status) for r in store.open_rounds(EXP)] == [(0, "proposed")]
+        store.add_round(EXP, 1, "a1", {}, [], 4.0, "hard", 2.0)
+        with pytest.raises(BudgetExceeded):  # 7 still counts: 7 + 4 > 10
+            store.reserve(EXP, 1, 4.0, 10.0, 2.0)
+        store.settle(EXP, 0, 3.0)  # the re-published action is acked after the restart
+        assert store.ledger(EXP).settled == 7.0 and store.ledger(EXP).spent == 7.0
+
+
+@pytest.mark.parametrize("delay_ms", [0, 3, 11])
+def test_sigkill_mid_stream_keeps_every_write_that_returned(db: Path, delay_ms: int) -> None:
+    child = spawn(STREAM_WRITES, db)
+    printed: list[str] = []
+    try:
+        while len(printed) < 400:
+            printed.append(next_line(child, db))
+        time.sleep(delay_ms / 1000)
+    finally:
+        printed += kill9(child)
+    committed = {kind: {int(i) for k, i in map(str.split, printed) if k == kind} for kind in "ts"}
+
+    with Store(db) as store:
+        conn = store._conn
+        assert conn is not None and conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        rounds = {r.round: r for r in store.rounds(EXP)}
+        ledger = {e.round: e.amount for e in store.ledger_entries(EXP)}
+        tx = {r.round: r.value for r in store.readings(EXP) if r.device_id == "tx"}
+        solo = {r.round: r.value for r in store.readings(EXP) if r.device_id == "solo"}
+    assert committed["t"] <= rounds.keys() and committed["s"] <= solo.keys()
+    # Each transaction is all or nothing: round, reservation and reading together.
+    assert rounds.keys() == ledger.keys() == tx.keys()
+    assert all(tx[i] == i + 0.25 and rounds[i].intervention == {"X": i * 0.5} for i in tx)
+    assert all(solo[i] == -i - 0.5 for i in solo)
+    # At most the write in flight at the kill is there without having been printed.
+    assert len(rounds.keys() - committed["t"]) <= 1 and len(solo.keys() - committed["s"]) <= 1
+
+
+# ---- transactions and threads ---------------------------------------------------------------
+
+
+def test_a_transaction_is_atomic(db: Path, store: Store) -> None:
+    add_rounds(store, 1)
+    with pytest.raises(RuntimeError, match="boom"), store.transaction():
+        store.add_round(EXP, 1, "a1", {}, [], 1.0, "hard", 1.0)
+        store.reserve(EXP, 1, 1.0, 10.0, 1.0)
+        store.add_reading(EXP, 1, "Y", 1.0, 0, "s", 1.0)
+        store.set_round_status(EXP, 0, "published", 1.0)
+        raise RuntimeError("boom")
+    assert [r.round for r in store.rounds(EXP)] == [0] and store.rounds(EXP)[0].status == "proposed"
+    assert store.ledger_entries(EXP) == [] and store.readings(EXP) == []
+
+    with Store(db) as other, store.transaction():
+        store.add_round(EXP, 1, "a1", {}, [], 1.0, "hard", 1.0)
+        with store.transaction():  # joins the outer one
+            store.add_reading(EXP, 1, "Y", 1.0, 0, "s", 1.0)
+        with pytest.raises(BudgetExceeded), store.transaction():
+            store.add_reading(EXP, 1, "Y", 2.0, 1, "s", 1.0)
+            store.reserve(EXP, 1, 11.0, 10.0, 1.0)  # undoes this inner block only
+        assert other.rounds(EXP)[-1].round == 0  # nothing visible outside before the commit
+    assert [r.seq for r in store.readings(EXP)] == [0] and len(store.rounds(EXP)) == 2
+    with Store(db) as other:
+        assert [r.seq for r in other.readings(EXP)] == [0]
+
+
+def test_other_threads_wait_for_an_open_transaction_instead_of_joining_it(store: Store) -> None:
+    add_rounds(store, 2)
+    entered, finished = threading.Event(), []
+
+    def writer() -> None:
+        entered.wait()
+        store.add_reading(EXP, 1, "Y", 1.0, 0, "other-thread", 1.0)
+        finished.append(time.monotonic())
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add_reading(EXP, 0, "Y", 1.0, 0, "this-thread", 1.0)
+        entered.set()
+        time.sleep(0.2)
+        assert not finished
+        rolled_back_at = time.monotonic()
+        raise RuntimeError("roll back this thread's work only")
+    thread.join(timeout=10)
+    assert finished and finished[0] >= rolled_back_at
+    assert [r.device_id for r in store.readings(EXP)] == ["other-thread"]
+
+
+async def test_another_task_cannot_slip_into_an_open_transaction(store: Store) -> None:
+    add_rounds(store, 1)
+    opened = asyncio.Event()
+
+    async def holder() -> None:
+        with store.transaction():
+            store.add_reading(EXP, 0, "Y", 1.0, 0, "holder", 1.0)
+            opened.set()
+            await asyncio.sleep(0.05)  # a mistake the store must catch
+
+    task = asyncio.create_task(holder())
+    await opened.wait()
+    with pytest.raises(StoreError, match="another asyncio task"):
+        store.add_reading(EXP, 0, "Y", 1.0, 1, "intruder", 1.0)
+    await task
+    assert [r.device_id for r in store.readings(EXP)] == ["holder"]
+
+
+def test_closed_store_raises(db: Path) -> None:
+    store = Store(db)
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="is closed"):
+        store.experiment_names()
+
+
+# ---- migrations -----------------------------------------------------------------------------
+
+
+def test_an_empty_file_is_migrated_to_the_current_schema(db: Path) -> None:
+    db.touch()
+    with Store(db) as store:
+        assert store.schema_version == _store_schema.schema_version() >= 1
+    raw = sqlite3.connect(db)
+    tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    app_id = raw.execute("PRAGMA application_id").fetchone()[0]
+    raw.close()
+    assert {"experiments", "rounds", "readings", "oracle", "ledger", "snapshots"} <= tables
+    assert {"snapshot_arrays", "dead_letters"} <= tables and app_id == _store_schema.APPLICATION_ID
+
+
+def test_forward_migrations_run_only_missing_steps_and_atomically(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store(db) as store:
+        store.upsert_experiment(EXP, SPEC)
+    v1 = _store_schema.schema_version()
+    broken = (*_store_schema.MIGRATIONS, ("ALTER TABLE rounds ADD COLUMN note TEXT", "NOT SQL"))
+    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(broken))
+    with pytest.raises(StoreError, match="syntax error"):
+        Store(db)
+    raw = sqlite3.connect(db)
+    assert raw.execute("PRAGMA user_version").fetchone() == (v1,)
+    assert "note" not in {r[1] for r in raw.execute("PRAGMA table_info(rounds)")}
+    raw.close()
+
+    fixed = (*_store_schema.MIGRATIONS[:-1], ("ALTER TABLE rounds ADD COLUMN note TEXT",))
+    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(fixed))
+    with Store(db) as store:
+        assert store.schema_version == v1 + 1 and store.experiment_spec(EXP) == SPEC
+
+
+def test_newer_foreign_or_corrupt_files_are_refused(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    Store(newer).close()
+    with sqlite3.connect(newer) as raw:
+        raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(StoreError, match="schema version 99, newer than"):
+        Store(newer)
+
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as raw:
+        raw.execute("CREATE TABLE notes (x)")
+    raw.close()
+    with pytest.raises(StoreError, match="not a cbo-agent store"):
+        Store(foreign)
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match=r"garbage\.db"):
+        Store(garbage)
+
+
+# ---- snapshots ------------------------------------------------------------------------------
+
+
+def test_snapshots_round_trip_arrays_bit_for_bit(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    special = rng.standard_normal((5, 4))
+    special[0, :3] = [np.nan, np.inf, -0.0]
+    arrays = {
+        "chol": np.linalg.cholesky(np.cov(rng.standard_normal((6, 20))) + np.eye(6)),
+        "special": special,
+        "fortran": np.asfortranarray(rng.standard_normal((3, 7))),
+        "strided": rng.standard_normal((8, 8))[::2, 1::3],
+        "f32": rng.standard_normal(9).astype(np.float32),
+        "ints": np.arange(-5, 5, dtype=np.int64),
+        "mask": np.array([True, False, True]),
+        "complex": np.array([1 + 2j, -3j]),
+        "scalar": np.array(2.5),
+        "empty": np.zeros((0, 3)),
+        "record": np.array([(1, 2.0)], dtype=[("n", "i4"), ("x", "f8")]),
+    }
+    with Store(tmp_path / "s.db", keep_snapshots=2) as store:
+        store.upsert_experiment(EXP, {})
+        first = store.save_snapshot(EXP, 0, {"old": np.ones(2)}, {"k": 0})
+        second = store.save_snapshot(EXP, 0, arrays, {"k": 1, "hyper": {"ls": [0.5, 1.5]}})
+        snap = store.latest_snapshot(EXP)
+        assert snap is not None and snap.id == second > first and snap.meta["hyper"]["ls"][1] == 1.5
+        assert snap.arrays.keys() == arrays.keys()
+        for name, want in arrays.items():
+            got = snap.arrays[name]
+            assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+            assert got.tobytes() == want.tobytes() and got.flags.writeable, name
+        assert snap.arrays["fortran"].flags.f_contiguous
+        store.save_snapshot(EXP, 0, {}, {"k": 2})
+        conn = store._conn
+        assert conn is not None
+        kept = [r[0] for r in conn.execute("SELECT meta FROM snapshots ORDER BY id")]
+        assert kept == ['{"hyper":{"ls":[0.5,1.5]},"k":1}', '{"k":2}']  # keeps the newest two
+        assert conn.execute("SELECT count(*) FROM snapshot_arrays").fetchone() == (len(arrays),)
+        with pytest.raises(StoreError, match="past the newest reading id 0"):
+            store.save_snapshot(EXP, 5, {}, {})
+
+
+class _Tripwire:
+    """Unpickling this would create a file: proof that something was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def test_snapshots_refuse_pickled_object_arrays(tmp_path: Path) -> None:
+    tripwire = tmp_path / "unpickled"
+    with Store(tmp_path / "s.db") as store:
+        store.upsert_experiment(EXP, {})
+        with pytest.raises(StoreError, match=r"'objs'.*dtype object.*no pickle"):
+            store.save_snapshot(
+                EXP, 0, {"ok": np.ones(2), "objs": np.array([1, "a"], dtype=object)}, {}
+            )
+        assert store.latest_snapshot(EXP) is None
+        # Pickled data planted in the file (a tampered or foreign store) is refused on load.
+        evil = np.empty(1, dtype=object)
+        evil[0] = _Tripwire(str(tripwire))
+        for name, blob in [
+            ("npy-with-pickle", _npy_with_pickle(evil)),
+            ("raw-pickle", pickle.dumps(_Tripwire(str(tripwire)))),
+        ]:
+            sid = store.save_snapshot(EXP, 0, {name: np.zeros(1)}, {})
+            conn = store._conn
+            assert conn is not None
+            conn.execute("UPDATE snapshot_arrays SET npy = ? WHERE snapshot_id = ?", (blob, sid))
+            with pytest.raises(StoreError, match=f"'{name}'"):
+                store.latest_snapshot(EXP)
+    assert not tripwire.exists()
+
+
+def _npy_with_pickle(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+# ---- dead letters ---------------------------------------------------------------------------
+
+
+def test_dead_letters_keep_the_newest_per_experiment_and_cut_payloads(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", keep_dead_letters=3, dead_letter_payload_limit=4) as store:
+        for i in range(5):
+            store.add_dead_letter(EXP, "cbo/toy-chain/reading", "invalid", f"n{i}", b"012345", i)
+        for i in range(2):
+            store.add_dead_letter(None, "weird/topic", "malformed_json", f"m{i}", "text", i)
+        kept = store.dead_letters(EXP)
+        assert [d.detail for d in kept] == ["n2", "n3", "n4"]
+        assert {(d.payload, d.payload_size) for d in kept} == {(b"0123", 6)}
+        assert [(d.detail, d.payload) for d in store.dead_letters(None)] == [
+            ("m0", b"text"), ("m1", b"text"),
+        ]  # fmt: skip
+
+
+# ---- export ---------------------------------------------------------------------------------
+
+
+def filled(store: Store) -> Store:
+    add_rounds(store, 3)
+    for r in range(3):
+        store.reserve(EXP, r, 1.0, 10.0, r)
+        for seq in range(2):
+            store.add_reading(EXP, r, "Y", r + seq / 3, r * 2 + seq, "s", r + 0.5)
+    store.settle(EXP, 0, 1.0)
+    store.add_oracle(EXP, 0, f"{EXP}-a0", 0.1, 0.7, 1.0)
+    return store
+
+
+def test_export_writes_csv_with_headers_and_every_row(store: Store, tmp_path: Path) -> None:
+    paths = filled(store).export(EXP, tmp_path / "out", "csv")
+    assert [p.name for p in paths] == [f"{EXP}_{t}.csv" for t in EXPORT_TABLES]
+    tables = {}
+    for table, path in zip(EXPORT_TABLES, paths, strict=True):
+        with path.open(newline="") as handle:
+            tables[table] = list(csv.DictReader(handle))
+    assert [len(tables[t]) for t in EXPORT_TABLES] == [3, 6, 1, 3]
+    assert list(tables["readings"][0]) == [
+        "id", "experiment", "round", "node", "value", "seq", "device_id", "measured_at",
+        "received_at",
+    ]  # fmt: skip
+    assert [float(r["value"]) for r in tables["readings"]] == [r.value for r in store.readings(EXP)]
+    assert tables["ledger"][0]["state"] == "settled" and tables["ledger"][1]["settled_at"] == ""
+    assert tables["rounds"][2]["intervention"] == '{"X":1.0}'
+    assert not list((tmp_path / "out").glob("*.tmp"))
+    with pytest.raises(StoreError, match="unknown experiment 'ghost'"):
+        store.export("ghost", tmp_path / "out", "csv")
+    with pytest.raises(StoreError, match="'csv' or 'parquet'"):
+        store.export(EXP, tmp_path / "out", "xlsx")  # type: ignore[arg-type]
+
+
+def test_export_parquet_or_a_clear_error_without_pyarrow(store: Store, tmp_path: Path) -> None:
+    filled(store)
+    if importlib.util.find_spec("pyarrow") is None:
+        with pytest.raises(StoreError, match=r"needs pyarrow.*fmt='csv'"):
+            store.export(EXP, tmp_path / "pq", "parquet")
+        assert not (tmp_path / "pq").exists()
+        return
+    import pyarrow.parquet as pq
+
+    paths = store.export(EXP, tmp_path / "pq", "parquet")
+    assert [pq.read_table(p).num_rows for p in paths] == [3, 6, 1, 3]
+
+
+# ---- property: the ledger against a model ---------------------------------------------------
+
+BUDGET = 5.0
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "settle", "release", "reopen"]),
+        st.integers(0, 5),
+        st.sampled_from([0.0, 0.1, 0.2, 0.7, 1.0, 2.5]) | st.floats(0, 6, allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=OPS)
+def test_any_interleaving_keeps_the_ledger_consistent_with_a_model(
+    tmp_path: Path, ops: list[tuple[str, int, float]]
+) -> None:
+    path = tmp_path / "property.db"
+    store = Store(path)
+    experiment = f"e{len(store.experiment_names())}"  # a fresh experiment per example
+    store.upsert_experiment(experiment, {})
+    add_rounds(store, 6, experiment)
+    model: dict[int, tuple[str, float]] = {}
+    try:
+        for op, r, amount in ops:
+            if op == "reopen":
+                store.close()
+                store = Store(path)
+                continue
+            expected = _model_step(model, op, r, amount)
+            if isinstance(expected, type):
+                with pytest.raises(expected):
+                    _apply(store, experiment, op, r, amount)
+            else:
+                assert _apply(store, experiment, op, r, amount) is expected
+            totals = store.ledger(experiment)
+            by_state = {"reserved": totals.reserved, "settled": totals.settled}
+            by_state["released"] = totals.released
+            for state, total in by_state.items():
+                assert total == math.fsum(a for s, a in model.values() if s == state)
+            assert totals.spent <= BUDGET
+    finally:
+        store.close()
+
+
+def _apply(store: Store, experiment: str, op: str, r: int, amount: float) -> bool:
+    if op == "reserve":
+        return store.reserve(experiment, r, amount, BUDGET, 1.0)
+    return store.settle(experiment, r, 1.0) if op == "settle" else store.release(experiment, r, 1.0)
+
+
+def _model_step(
+    model: dict[int, tuple[str, float]], op: str, r: int, amount: float
+) -> bool | type[Exception]:
+    """What the store should do (True/False return, or the exception) and update the model."""
+    held = model.get(r)
+    if op == "reserve":
+        if held is not None:
+            return False if held == ("reserved", amount) else IllegalTransition
+        spent = [a for s, a in model.values() if s != "released"]
+        if math.fsum([*spent, amount]) > BUDGET:
+            return BudgetExceeded
+        model[r] = ("reserved", amount)
+        return True
+    target = "settled" if op == "settle" else "released"
+    if held is None or held[0] not in ("reserved", target):
+        return IllegalTransition
+    if held[0] == target:
+        return False
+    model[r] = (target, held[1])
+    return True
