@@ -1,0 +1,64 @@
+# syntax=docker/dockerfile:1
+# cbo-agent: the service image. `docker run ... IMAGE /specs/a.yaml /specs/b.yaml` runs
+# `cbo-agent run` on the experiment specs mounted at /specs; the store lives in /var/lib/cbo-agent.
+#
+#   docker build -t cbo-agent .                                         # CPU torch (default)
+#   docker build -t cbo-agent:cuda \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .   # a CUDA torch
+#
+# The install steps are deploy/install.sh, the same script the Makefile (and so CI) runs.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_VERSION=2.13.0
+# Where the torch wheel comes from: PyTorch's CPU-only index by default (PyPI's Linux wheel is the
+# CUDA build, gigabytes larger); point it at a CUDA index for a GPU image.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+# torch in its own layer: it changes far less often than the code.
+COPY deploy/install.sh deploy/install.sh
+RUN TORCH_VERSION="${TORCH_VERSION}" TORCH_INDEX_URL="${TORCH_INDEX_URL}" \
+    bash deploy/install.sh --torch-only /opt/venv
+COPY pyproject.toml README.md ./
+COPY core core
+COPY policies policies
+COPY connectors connectors
+COPY agent agent
+COPY sim sim
+RUN TORCH_VERSION="${TORCH_VERSION}" TORCH_INDEX_URL="${TORCH_INDEX_URL}" \
+    bash deploy/install.sh /opt/venv
+
+FROM ${PYTHON_IMAGE}
+ARG UID=10001
+RUN groupadd --system --gid "${UID}" cbo \
+ && useradd --system --uid "${UID}" --gid cbo --home-dir /var/lib/cbo-agent --no-create-home \
+      --shell /usr/sbin/nologin cbo \
+ && mkdir -p /var/lib/cbo-agent /specs \
+ && chown cbo:cbo /var/lib/cbo-agent
+COPY --from=build /opt/venv /opt/venv
+# The example specs, for a first run: `docker run ... cbo-agent /opt/cbo-agent/examples/x.yaml`.
+COPY examples /opt/cbo-agent/examples
+ENV PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    MPLBACKEND=Agg \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    HOME=/var/lib/cbo-agent \
+    CBO_EXAMPLES_DIR=/opt/cbo-agent/examples \
+    CBO_METRICS_HOST=0.0.0.0 \
+    CBO_METRICS_PORT=9464 \
+    CBO_STORE_PATH=/var/lib/cbo-agent/cbo-agent.sqlite \
+    CBO_LOG_FORMAT=json
+WORKDIR /var/lib/cbo-agent
+VOLUME ["/var/lib/cbo-agent"]
+USER cbo:cbo
+EXPOSE 9464
+# Liveness from /healthz on the metrics port (set the port with CBO_METRICS_PORT, not the flag, so
+# this check follows it). Python's urllib: the slim image has no curl.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('CBO_METRICS_PORT', '9464') + '/healthz', timeout=4)"]
+ENTRYPOINT ["cbo-agent", "run"]
+CMD ["/specs/experiment.yaml"]
