@@ -188,6 +188,9 @@ class Experiment:
         rows = self.store.rounds(self.name)
         if not rows:
             return
+        # Timers ran while the agent was down; they restart now, so that what the broker queued
+        # for this session (acks, readings) is read before a round can expire or time out.
+        now = self.clock()
         for row in rows:
             status = RoundStatus(row.status)
             action = Action(
@@ -211,13 +214,25 @@ class Experiment:
                 model_round=self.model.start_round(row.intervention),
                 status=status,
                 proposed_at=row.proposed_at,
-                published_at=row.status_at if row.attempt > 0 else None,
-                acked_at=row.status_at if status is RoundStatus.ACKED else None,
+                published_at=now if row.attempt > 0 else None,
+                acked_at=now if status is RoundStatus.ACKED else None,
                 closed_at=row.status_at if status not in OPEN_STATUSES else None,
             )
+        published = [row.proposed_at for row in rows if row.attempt > 0]
+        if published:  # the rate limit holds across restarts (a crash loop must not flood)
+            self._last_publish_at = max(published)
         readings = self.store.readings(self.name)
         for reading in readings:  # arrival order: every node learns what it learned before
             live = self.rounds[reading.round]
+            if reason := self._implausible(reading.node, reading.value):  # an older, laxer agent
+                self.log.warning(
+                    "recovery.reading_skipped",
+                    round=reading.round,
+                    node=reading.node,
+                    value=reading.value,
+                    reason=reason,
+                )
+                continue
             live.readings[reading.node] = reading.value
             self._observe(live, {reading.node: reading.value}, refit=False)
             if reading.node == self.model.reward_node:
@@ -287,6 +302,15 @@ class Experiment:
         if self._last_publish_at is not None and schedule.min_interval_s > 0:
             return now - self._last_publish_at >= schedule.min_interval_s
         return True
+
+    def missing_readings(self) -> dict[int, list[str]]:
+        """Acked rounds closed without every node's reading: round -> nodes still unread."""
+        expected = set(self.model.order)
+        return {
+            live.number: sorted(expected - set(live.readings))
+            for live in self.rounds.values()
+            if live.status is RoundStatus.CLOSED and not expected <= set(live.readings)
+        }
 
     def _budget_exhausted(self) -> bool:
         """The total budget left cannot pay the fixed cost of any action.
@@ -488,7 +512,7 @@ class Experiment:
             return Verdict("rejected", "unknown_node")
         if live.status is RoundStatus.REJECTED:
             return Verdict("rejected", "stale_round")  # the device refused the action
-        bad = self._implausible(reading)
+        bad = self._implausible(reading.node, reading.value)
         if bad:
             return Verdict("rejected", bad)
         if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
@@ -521,19 +545,19 @@ class Experiment:
             safe[name] = clamped
         return safe
 
-    def _implausible(self, reading: Reading) -> str:
+    def _implausible(self, node_name: str, value: float) -> str:
         """A reason to reject a value, else ''.
 
         Outside the node's declared `valid_range`, or — without one — farther from its typical
         range (`bounds`) than IMPLAUSIBLE_SPANS times that range's width: no sensor of a
         system described by the spec reads that, and such a value would only wreck the model.
         """
-        node = self.spec.node(reading.node)
+        node = self.spec.node(node_name)
         low, high = node.valid_range or node.bounds
         if node.valid_range is None:
             reach = IMPLAUSIBLE_SPANS * (high - low)
             low, high = low - reach, high + reach
-        return "" if low <= reading.value <= high else "out_of_range"
+        return "" if low <= value <= high else "out_of_range"
 
     def _observe(
         self, live: LiveRound, values: dict[str, float], *, refit: bool = True

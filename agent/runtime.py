@@ -43,6 +43,9 @@ log = structlog.get_logger("agent.runtime")
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
 COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
 BATCH_LIMIT = 2_000
+LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedback until this quiet
+LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
+SESSION_WAIT_S = 30.0  # how long lingering waits for a broker session to read what it queued
 DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
 _KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
 
@@ -136,6 +139,7 @@ class AgentService:
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
         self.link = Link()
+        self._subscribed = asyncio.Event()  # this life has had a broker session
         # (experiment, kind, outcome) -> messages handled: a cheap count for tests and benchmarks
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.experiments: dict[str, Experiment] = {}
@@ -220,6 +224,7 @@ class AgentService:
             for kind in _KIND_SCHEMAS:
                 await connection.subscribe(self.topics.experiment_topic(name, kind))
         self.link.attach(connection)
+        self._subscribed.set()
         self.readiness.set("broker_connected", True)
         for inbox in self._inboxes.values():
             self._offer(inbox, _Incoming("reconnected", None, at=time.time()))
@@ -276,11 +281,30 @@ class AgentService:
                     exp.mark_published(live.number)
                     continue
             if exp.finished and not exp.open_rounds:
+                if exp.missing_readings():
+                    await self._linger(exp, inbox)
                 return
             timeout = exp.next_deadline(time.time()) if exp.open_rounds else None
             if exp.spec.schedule.min_interval_s and not exp.open_rounds and not exp.finished:
                 timeout = exp.next_deadline(time.time())
             batch = await self._next_batch(inbox, timeout)
+            await self._handle(exp, batch)
+
+    async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> None:
+        """Store late feedback of a finished experiment before the service exits.
+
+        Rounds closed by timeout may still get readings ("late readings still teach the model"),
+        some already queued by the broker for this persistent session: wait for a session, then
+        keep handling input until it is quiet for LINGER_S (at most LINGER_CAP_S).
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), SESSION_WAIT_S)
+        log.info("experiment.lingering", experiment=exp.name, missing=exp.missing_readings())
+        deadline = time.monotonic() + LINGER_CAP_S
+        while time.monotonic() < deadline:
+            batch = await self._next_batch(inbox, min(LINGER_S, deadline - time.monotonic()))
+            if not batch:
+                return
             await self._handle(exp, batch)
 
     async def _publish_action(self, exp: Experiment, action: Action) -> None:

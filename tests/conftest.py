@@ -6,8 +6,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.brokers import MosquittoBroker, MosquittoOptions, find_mosquitto
+
+
+@pytest.fixture(autouse=True)
+def _default_structlog() -> Iterator[None]:
+    """Undo a test's `configure_logging` (the CLI sets level "warning" in-process): a filtering
+    wrapper left behind would drop the info events that later tests read with `capture_logs`."""
+    yield
+    structlog.reset_defaults()
 
 
 def _require_mosquitto() -> None:

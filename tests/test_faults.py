@@ -228,11 +228,6 @@ def test_an_action_republished_after_a_crash_keeps_its_id_and_is_applied_once(
     assert [(e.round, e.state) for e in outcome.ledger] == [(0, "settled"), (1, "settled")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recovery expires a published round on the ack timer that ran while the agent was "
-    "dead, before reading the ack queued in its session: budget released for an applied action",
-)
 def test_a_queued_ack_is_read_before_a_recovered_round_expires(tmp_path: Path) -> None:
     """As above with ack_retries 0 and a budget of one round: the action was applied and acked
     while the agent was down, so round 0 must be paid for and no second round afforded."""
@@ -246,11 +241,6 @@ def test_a_queued_ack_is_read_before_a_recovered_round_expires(tmp_path: Path) -
 
 
 # ------------------------------------------------------------- late readings of the last round
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent exits as soon as its last round closes (by timeout) and a restarted agent "
-    "with a finished experiment exits before reading its session: later readings never stored",
-)
 async def test_late_readings_of_the_last_round_are_stored(mosquitto, tmp_path: Path) -> None:
     """One round whose readings come 2 s after the ack, a round timeout of 0.5 s: the round
     closes incomplete ("readings arriving later still teach the model"), the experiment is

@@ -371,11 +371,6 @@ def test_actions_are_rate_limited_per_experiment() -> None:
         assert exp.can_propose(now[0] + 30.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Experiment._recover does not restore _last_publish_at: a restarted agent may publish "
-    "a new action at once, however recently the previous life published one",
-)
 def test_the_rate_limit_holds_across_a_restart(tmp_path: Path) -> None:
     spec = fast_spec("slow", rounds=10, min_interval_s=30.0, pipeline=4, ack_timeout_s=100.0)
     now = [1000.0]
