@@ -352,13 +352,30 @@ class Experiment:
         policy = self.explorer if number < self.spec.initial_design.rounds else self.policy
         constraints = Constraints.from_spec(self.spec, spent=self.budget_spent())
         try:
-            proposal = policy.propose(self.model, constraints, self.rng)
+            proposal, chosen_by = self._ask(policy, constraints)
         except NothingAffordable as reason:
             self._finish(f"nothing affordable: {reason}")
             return None
         decision_s = time.perf_counter() - started
         self._bound_regret(proposal.intervention)
-        return self._record(number, proposal, policy.name, decision_s)
+        return self._record(number, proposal, chosen_by, decision_s)
+
+    def _ask(self, policy: Policy, constraints: Constraints) -> tuple[Proposal, str]:
+        """The policy's proposal and its name; should it fail (raise, or propose a NaN
+        value), the explorer's: a numerical accident in one acquisition never stops the service."""
+        try:
+            proposal = policy.propose(self.model, constraints, self.rng)
+            bad = sorted(k for k, v in proposal.intervention.items() if math.isnan(v))
+            if bad:
+                raise ValueError(f"{policy.name} proposed NaN for {bad}")
+            return proposal, policy.name
+        except NothingAffordable:
+            raise
+        except Exception:
+            if policy is self.explorer:
+                raise
+            self.log.exception("policy.failed", policy=policy.name, fallback=self.explorer.name)
+            return self.explorer.propose(self.model, constraints, self.rng), self.explorer.name
 
     def _bound_regret(self, intervention: dict[str, float]) -> None:
         """Add this round's model-based regret bound: UCB at the best candidate − LCB here."""

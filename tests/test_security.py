@@ -13,6 +13,7 @@ import ast
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import re
 import secrets
@@ -356,6 +357,36 @@ def test_outgoing_actions_are_clamped_to_the_declared_bounds() -> None:
         with pytest.raises(ValueError, match="unknown action 'valve'"):
             exp.propose()  # never published, never reserved
         assert [r.round for r in store.rounds("clamp")] == [live.number]
+
+
+class Broken:
+    """A policy whose acquisition blew up: raises, or returns NaN."""
+
+    name = "broken"
+
+    def __init__(self, failure: Exception | None) -> None:
+        self.failure = failure
+
+    def propose(self, model, constraints, rng) -> Proposal:
+        if self.failure is not None:
+            raise self.failure
+        return Proposal({"a0": math.nan, "a1": 0.5}, 0.0, 2.0, ("a0", "a1"), {})
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("cholesky failed"), None], ids=["raises", "nan"])
+def test_a_failing_policy_falls_back_to_the_explorer(failure: Exception | None) -> None:
+    spec = fast_spec("fallback", rounds=5)
+    with Store(":memory:") as store:
+        exp = Experiment(spec, store)
+        exp.policy = Broken(failure)
+        for _ in range(spec.initial_design.rounds):
+            exp.propose()  # the initial design is the explorer's anyway
+        with capture_logs() as events:
+            live = exp.propose()
+        assert live is not None and live.policy == exp.explorer.name
+        assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in live.intervention.values())
+        (failed,) = [e for e in events if e["event"] == "policy.failed"]
+        assert (failed["policy"], failed["fallback"]) == ("broken", exp.explorer.name)
 
 
 def test_actions_are_rate_limited_per_experiment() -> None:
