@@ -28,6 +28,7 @@ from pydantic import Field
 
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
+from policies._beta import paper_beta
 from policies._optimize import Deadline
 from policies._search import Problem, SearchPolicy, SearchSettings
 from policies._supports import Region
@@ -72,17 +73,6 @@ class DGPUCBPolicy(SearchPolicy):
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _DecomposedUCB(self, model, seed)
-
-
-def paper_beta(
-    t: int, *, domain_size: int | None, dim: int, components: int, linear: bool, delta: float
-) -> float:
-    """β_t of paper 003 (Thm 7/8 on a finite domain, §2.6 on a box), before scaling."""
-    union = 1 if linear else components
-    if domain_size is not None:
-        return 2 * math.log(domain_size * union * t**2 * math.pi**2 / (6 * delta))
-    first = 2 * math.log(2 * union * t**2 * math.pi**2 / (3 * delta))
-    return first + 2 * dim * math.log(t**2 * dim * math.sqrt(math.log(4 * dim / delta)))
 
 
 class _DecomposedUCB(Problem):

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from core.kernels import kernel_matrix
 from core.network import NetworkModel
 from core.spec import parse_spec
+from policies._beta import paper_beta
 from policies.base import Constraints
-from policies.dgpucb import DGPUCBPolicy, paper_beta
+from policies.dgpucb import DGPUCBPolicy
 from policies.registry import make_policy
 
 F64 = torch.float64

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.network import NetworkModel, mean_sampler
-from policies._beta import BetaSchedule, beta_at
+from policies._beta import BetaSchedule, beta_at, paper_beta
 from policies._optimize import Deadline
 from policies._search import ratio_scorer
 from policies._supports import admissible_candidates, admissible_regions
@@ -119,6 +119,13 @@ def test_beta_schedule_grows_like_sqrt_log_t():
     assert beta_at(0.5, BetaSchedule(kind="constant"), model) == 0.5
     grown = beta_at(0.5, BetaSchedule(rate=0.2), model)
     assert grown == pytest.approx(0.5 * math.sqrt(1 + 0.2 * math.log(100)))
+    # paper 003's β_t/5 as a σ-multiplier √(β_t/5), one GP (no union over components), β unused
+    assert spec.candidates is None
+    paper = beta_at(0.5, BetaSchedule(kind="paper003"), model)
+    raw = paper_beta(
+        101, domain_size=None, dim=len(spec.actions), components=1, linear=True, delta=0.05
+    )
+    assert paper == pytest.approx(math.sqrt(0.2 * raw))
 
 
 # ---------------------------------------------------------------------- flat model
