@@ -39,6 +39,11 @@ from core.kernels import KERNELS, KernelName, gram_matrix, kernel_matrix, kernel
 
 MIN_NOISE = 1e-6  # standardized units; the noise floor of a noiseless node (as papers 003/004)
 _MAX_JITTER_TRIES = 8
+# Fitted lengthscales (unit-cube inputs) are kept at or above this. A marginal-likelihood fit can
+# drive an unidentified lengthscale toward 0 (seen: 2.5e-12 for GP-UCB on alpine2-noisy); the
+# expansion |a|² − 2ab + |b|² of squared distances then cancels catastrophically, the Gram
+# matrix turns indefinite beyond what jitter repairs, and such a kernel models nothing anyway.
+LENGTHSCALE_FLOOR = 1e-3
 REBUILD_BYTES = 512 * 2**20  # kernel matrices held at once while refactorizing
 
 
@@ -811,7 +816,8 @@ class IncrementalGP:
                 known_noise=known,
                 initial=initial,
             )
-            self.lengthscale[j, :d_j] = fitted.lengthscale.to(self.lengthscale)
+            fitted_ls = fitted.lengthscale.to(self.lengthscale)
+            self.lengthscale[j, :d_j] = fitted_ls.clamp_min(LENGTHSCALE_FLOOR)
             self.outputscale[j] = fitted.outputscale
             if known is None:
                 self._learned_noise[j] = fitted.noise
