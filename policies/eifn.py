@@ -18,6 +18,19 @@ first `raw_mc_samples` base samples (a balanced Sobol prefix, 4× cheaper than a
 that depend on no sampled value (roots fed only by actions) are evaluated once per point, not
 once per sample (`NetworkModel.rollout` broadcasts the draws). Before any reward has been observed,
 best_f = −∞ would make EI infinite; the acquisition is then the sampled mean of the reward.
+
+Log-EI (`log_ei`, on by default). Far from the incumbent every sample's improvement is exactly 0:
+the sample-average EI is flat, L-BFGS-B gets no gradient, and the "best" point is whichever
+start it happened to keep — on Alpine2 and SIR plain EI-FN kept proposing such near-arbitrary
+points (average reward falling while the best was near the optimum). So, as BoTorch's
+qLogExpectedImprovement does (Ament et al. 2023), the acquisition optimized is
+
+    log EI(a) = log (1/S) Σ_s fatplus_τ(y_s(a) − best_f),   τ = 1e-6 · std(observed rewards),
+
+a smooth, fat-tailed stand-in for max(·, 0) that is never exactly 0. Where EI is not
+negligible its maximizer is EI's; where EI underflows it still orders points by how close they
+come to improving. Cost-aware mode needs EI itself (an improvement per unit cost), so it keeps
+plain EI.
 """
 
 from __future__ import annotations
@@ -26,12 +39,15 @@ import math
 from typing import Any
 
 import torch
+from botorch.utils.safe_math import log_fatplus, logmeanexp
 from pydantic import Field
 
 from core.network import NetworkModel, NodeQuery, mean_sampler
 from policies._optimize import Deadline, maximize, sobol_normals
 from policies._search import Problem, SearchPolicy, SearchSettings
 from policies._supports import Region
+
+TAU_RELU = 1e-6  # BoTorch's qLogEI temperature, here in units of the observed rewards' spread
 
 
 class EIFNSettings(SearchSettings):
@@ -42,6 +58,8 @@ class EIFNSettings(SearchSettings):
         raw_mc_samples: the first this many base samples rank the raw samples (a balanced
             Sobol prefix: 4× cheaper screening; the L-BFGS-B phase uses all `mc_samples`).
         mean_start: add the posterior-mean-rollout maximizer as an L-BFGS-B start.
+        log_ei: optimize the smoothed log EI (see the module docstring) instead of EI; ignored
+            (plain EI) in cost-aware mode.
         restarts, maxiter: fewer L-BFGS-B starts (plus the best raw point and the mean
             start, always included) and iterations than the shared defaults: every evaluation
             propagates `mc_samples` samples per start through the network. At n ≈ 124 on
@@ -56,6 +74,7 @@ class EIFNSettings(SearchSettings):
     warm_starts: int = Field(default=0, ge=0)
     maxiter: int = Field(default=50, ge=1)
     mean_start: bool = True
+    log_ei: bool = True
 
 
 class EIFNPolicy(SearchPolicy):
@@ -82,6 +101,9 @@ class _EIFNProblem(Problem):
         self.epistemic, self.aleatoric = base[:, :nodes], base[:, nodes:]
         rewards = model.observed_rewards
         self.best_f = max(rewards) if rewards else -math.inf
+        self.log_ei = self.settings.log_ei and not self.settings.cost_aware
+        spread = torch.tensor(rewards, dtype=self.dtype).std().item() if len(rewards) > 1 else 1.0
+        self.tau = TAU_RELU * (spread if math.isfinite(spread) and spread > 0 else 1.0)
 
     def sample_rewards(
         self, actions: torch.Tensor, set_actions: tuple[str, ...], count: int | None = None
@@ -100,9 +122,12 @@ class _EIFNProblem(Problem):
     def expected_improvement(
         self, actions: torch.Tensor, set_actions: tuple[str, ...], count: int | None = None
     ) -> torch.Tensor:
+        """(b, A) -> (b,) EI, or its smoothed log (`log_ei`), over the base samples."""
         samples = self.sample_rewards(actions, set_actions, count)
         if not math.isfinite(self.best_f):
             return samples.mean(0)
+        if self.log_ei:
+            return logmeanexp(log_fatplus(samples - self.best_f, tau=self.tau), dim=0)
         return (samples - self.best_f).clamp_min(0.0).mean(0)
 
     def evaluate(self, region: Region, x: torch.Tensor) -> torch.Tensor:
@@ -139,4 +164,4 @@ class _EIFNProblem(Problem):
         return region.feasible(result.x.unsqueeze(0))
 
     def diagnostics(self) -> dict[str, Any]:
-        return {"best_f": self.best_f}
+        return {"best_f": self.best_f, "log_ei": self.log_ei}

@@ -82,12 +82,14 @@ def test_mcbo_reward_node_is_optimistic_by_beta_sigma():
     assert torch.allclose(one - zero, std)
 
 
-def test_eifn_acquisition_matches_brute_force_monte_carlo():
+@pytest.mark.parametrize("log_ei", [True, False])
+def test_eifn_acquisition_matches_brute_force_monte_carlo(log_ei):
     spec = chain_spec(noise=0.3)
     model = trained_model(spec, 6)
-    _, problem = _problem("eifn", model, mc_samples=4096)
+    _, problem = _problem("eifn", model, mc_samples=4096, log_ei=log_ei)
     actions = torch.tensor([[0.2, 0.7, 0.5], [0.9, 0.1, 0.3]], dtype=torch.float64)
-    qmc = problem.expected_improvement(actions, ())
+    value = problem.expected_improvement(actions, ())
+    qmc = value.exp() if log_ei else value  # the smoothing's τ is 1e-6 of the rewards' spread
 
     generator = torch.Generator().manual_seed(5)
     count = 100_000
@@ -100,6 +102,22 @@ def test_eifn_acquisition_matches_brute_force_monte_carlo():
         values[node] = mean + std * z + model.known_noise_std(node) * e
     brute = (values["Y"] - max(model.observed_rewards)).clamp_min(0).mean(0)
     assert torch.allclose(qmc, brute, rtol=0.05, atol=2e-3)
+
+
+def test_log_eifn_still_ranks_points_where_plain_ei_is_flat():
+    """Far from the incumbent every sample's improvement is 0: plain EI cannot tell points
+    apart (no gradient either), the smoothed log EI still prefers the one closer to improving."""
+    spec = chain_spec(noise=0.0)
+    model = trained_model(spec, 12)
+    _, plain = _problem("eifn", model, mc_samples=64, log_ei=False)
+    _, smooth = _problem("eifn", model, mc_samples=64, log_ei=True)
+    plain.best_f = smooth.best_f = max(model.observed_rewards) + 1e3  # out of reach
+    actions = torch.rand(64, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert (plain.expected_improvement(actions, ()) == 0).all()
+    logs = smooth.expected_improvement(actions, ())
+    assert torch.isfinite(logs).all()
+    means = smooth.sample_rewards(actions, ()).mean(0)
+    assert logs.argmax() == means.argmax()  # closest to improving, by the samples
 
 
 def test_gpucb_uses_beta_as_a_sigma_multiplier():
