@@ -168,3 +168,14 @@ def test_validate_checks_policy_settings(tmp_path, capsys):
     )
     assert main(["validate", str(path)]) == 1
     assert "policy.settings.max_drawz" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", environment_names())
+def test_example_costs_are_the_environments_to_the_last_bit(name: str) -> None:
+    """A policy fills a budget to its edge under the spec's costs; a spec that rounds them (the
+    SIR shares once had 6 digits) makes the device's true cost overshoot the cap by ~1e-7."""
+    env = make_environment(name)
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    for action in env.actions:
+        declared = spec.action(action.name)
+        assert (declared.cost, declared.cost_per_unit) == (action.cost, action.cost_per_unit)
