@@ -347,11 +347,19 @@ def next_line(child: subprocess.Popen[str], db: Path) -> str:
 
 
 def kill9(child: subprocess.Popen[str]) -> list[str]:
-    """SIGKILL the child; return the rest of the protocol lines it printed before dying."""
+    """SIGKILL the child; return the rest of the protocol lines it printed before dying.
+
+    The rest is read through the same buffered stream `next_line` used: `communicate(timeout=)`
+    reads the raw pipe and would skip what that stream had already read ahead, starting mid-line.
+    Only newline-terminated lines count; a line cut by the kill was not fully printed.
+    """
+    assert child.stdout is not None
     os.kill(child.pid, signal.SIGKILL)
-    rest, _ = child.communicate(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    return [line[2:].strip() for line in rest.splitlines() if line.startswith("@ ")]
+    rest = child.stdout.read()
+    child.stdout.close()
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    complete = rest.split("\n")[:-1]
+    return [line[2:].strip() for line in complete if line.startswith("@ ")]
 
 
 def test_a_reservation_survives_sigkill_between_reserve_and_settle(db: Path) -> None:
