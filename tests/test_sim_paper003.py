@@ -119,10 +119,12 @@ def test_synthetic_matches_paper_setup(synthetic) -> None:
 
 def test_synthetic_functions_look_like_their_kernels(synthetic) -> None:
     # Sample std of each draw is of the order of its outputscale; the shortest-lengthscale
-    # draw wiggles more (more sign changes of its derivative) than the longest.
+    # draw wiggles more (more sign changes of its derivative) than the longest. Turns are counted
+    # on every 10th grid point: the draw's jitter (std 1e-4·s) adds turns at the grid's own scale.
     scales = synthetic.functions.std(1) / synthetic.outputscales.sqrt()
     assert ((scales > 0.15) & (scales < 3.0)).all()
-    turns = (synthetic.functions.diff(dim=1).sign().diff(dim=1) != 0).sum(1)
+    coarse = synthetic.functions[:, ::10]
+    turns = (coarse.diff(dim=1).sign().diff(dim=1) != 0).sum(1)
     assert turns[synthetic.lengthscales.argmin()] > turns[synthetic.lengthscales.argmax()]
 
 
