@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.blas import solve_lower_in_buffer_
+from core.blas import append_rows_, set_entries_, solve_lower_in_buffer_
 from core.hyperfit import FittedHyperparameters, PriorName, fit_hyperparameters
 from core.kernels import KERNELS, KernelName, gram_matrix, kernel_matrix, kernel_row
 
@@ -45,6 +45,7 @@ _MAX_JITTER_TRIES = 8
 # matrix turns indefinite beyond what jitter repairs, and such a kernel models nothing anyway.
 LENGTHSCALE_FLOOR = 1e-3
 REBUILD_BYTES = 512 * 2**20  # kernel matrices held at once while refactorizing
+_FORGET_BLOCK = 2**17  # elements of the factor a window removal works on at once (1 MiB)
 
 
 class NumericalError(RuntimeError):
@@ -65,7 +66,8 @@ class GPConfig:
         misfit_z: refit a member when a reading lies more than this many predictive standard
             deviations from the prediction (None: never on misfit).
         min_fit_points: a member is refit only once it has at least this many observations.
-        window: keep at most this many rows (the oldest are forgotten); None keeps all.
+        window: keep at most this many observations (the oldest are forgotten, each by an
+            exact O(n²) update of the factor); None keeps all.
         drift_tolerance: rebuild when the data mean moves by more than this many scales from the
             frozen standardization, or the data scale changes by more than this factor.
     """
@@ -118,7 +120,8 @@ class LearnReport:
         refit: members whose hyperparameters were refit.
         refit_failed: members among those whose optimizer did not converge (they keep the best
             values it reached).
-        rebuilt: members whose factor was rebuilt (refit, drift, window or jitter).
+        rebuilt: members whose factor was rebuilt (refit, drift or jitter; the window removes
+            a row in O(n²) and rebuilds only when learn_many overflows it or that fails).
         forgotten: rows dropped by the window.
     """
 
@@ -217,7 +220,7 @@ class IncrementalGP:
         self._alpha_cache: tuple[int, torch.Tensor] | None = None
         self._capacity = 0
         self._alloc(16)
-        self._refresh_diag()
+        self._refresh_scalars()
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -372,6 +375,26 @@ class IncrementalGP:
             )
         return mask_t
 
+    def _check_observations(
+        self, x: torch.Tensor, y: torch.Tensor, lead: tuple[int, ...], mask: torch.Tensor | None
+    ) -> None:
+        """Shapes, and finite values wherever `mask` (None: everywhere) says a reading is."""
+        expected = (*lead, self.dim)
+        if x.shape != expected:
+            raise ValueError(
+                f"x must have shape {expected} (batch, ..., dim); got {tuple(x.shape)}"
+            )
+        if y.shape != lead:
+            raise ValueError(f"y must have shape {lead}; got {tuple(y.shape)}")
+        # Two sums settle the usual case in two tensor calls: their total is finite only if
+        # every value is. Otherwise (a bad value, one where the mask is False, or an overflow of
+        # good values) the checks below look closer and say where.
+        if math.isfinite(float(x.sum()) + float(y.sum())):
+            return
+        mask = self._check_mask(mask, lead)
+        self._check_inputs(x, lead, mask)
+        self._check_outputs(y, lead, mask)
+
     def _check_inputs(self, x: torch.Tensor, lead: tuple[int, ...], mask: torch.Tensor) -> None:
         expected = (*lead, self.dim)
         if x.shape != expected:
@@ -392,6 +415,8 @@ class IncrementalGP:
 
     def _scale(self, x: torch.Tensor, members: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """Map inputs (b', ..., d) to the unit cube with each member's declared bounds."""
+        if x.dim() == 2 and isinstance(members, slice) and members == slice(None):
+            return (x - self._lower) / self._span  # (b, d): one input per member, the hot path
         lower, span = self._lower[members], self._span[members]
         extra = x.dim() - lower.dim()
         shape = (lower.shape[0], *([1] * extra), self.dim)
@@ -424,21 +449,24 @@ class IncrementalGP:
             A `LearnReport`.
         """
         x, y = self._as_tensor(x), self._as_tensor(y)
-        mask = self._check_mask(mask, (self.batch,))
-        self._check_inputs(x, (self.batch,), mask)
-        self._check_outputs(y, (self.batch,), mask)
-        learners = mask.nonzero().flatten().tolist()
+        lead = (self.batch,)
+        if mask is None:
+            learners = list(range(self.batch))
+        else:
+            mask = self._check_mask(mask, lead)
+            learners = [j for j, chosen in enumerate(mask.tolist()) if chosen]
+        self._check_observations(x, y, lead, mask)
         with self._pending_detached():
             self._ensure_capacity(max(self._rows) + 1 + len(self._pending))
-            surprise = self._append(self._scale(x), y, learners)
+            surprise = self._append(self._scale(x), y.tolist(), learners)
             misfit_z = self.config.misfit_z
-            for j, z_score in zip(learners, surprise[learners].tolist(), strict=True):
+            for j in learners:
                 self._real[j] += 1
                 self._since_refit[j] += 1
-                if misfit_z is not None and z_score > misfit_z:
+                if misfit_z is not None and surprise[j] > misfit_z:
                     self._refit_due[j] = True
             report = self._after_new_data(refit)
-        report.surprise = surprise
+        report.surprise = torch.tensor(surprise, dtype=self.dtype, device=self.device)
         return report
 
     @torch.no_grad()
@@ -464,8 +492,7 @@ class IncrementalGP:
             raise ValueError(f"x must have shape (batch, m, dim); got {tuple(x.shape)}")
         lead = (self.batch, x.shape[1])
         mask = self._check_mask(mask, lead)
-        self._check_inputs(x, lead, mask)
-        self._check_outputs(y, lead, mask)
+        self._check_observations(x, y, lead, mask)
         with self._pending_detached():
             self._ensure_capacity(max(self._rows) + x.shape[1] + len(self._pending))
             z = self._scale(x)
@@ -482,7 +509,7 @@ class IncrementalGP:
 
     def _after_new_data(self, refit: bool, restandardize: Sequence[int] = ()) -> LearnReport:
         """Window, drift and refit schedule; the members they touch are rebuilt once."""
-        forgotten = self._apply_window()
+        forgotten, window_rebuild = self._apply_window(rebuilding=set(restandardize))
         restd = set(restandardize) | set(self._drifted())
         every, min_points = self.config.refit_every, self.config.min_fit_points
         for j in range(self.batch):
@@ -498,8 +525,9 @@ class IncrementalGP:
         restd |= set(fit)
         self._restandardize(sorted(restd))
         failed = self._fit_members(fit)
-        rebuild = sorted(restd | {j for j, dropped in enumerate(forgotten) if dropped})
-        self._rebuild(rebuild)
+        rebuild = sorted(restd | set(window_rebuild))
+        if rebuild:
+            self._rebuild(rebuild)
         return LearnReport(
             surprise=self._no_surprise,
             refit=fit,
@@ -508,63 +536,59 @@ class IncrementalGP:
             forgotten=sum(forgotten),
         )
 
-    def _append(self, z: torch.Tensor, y: torch.Tensor | None, learners: list[int]) -> torch.Tensor:
+    def _append(
+        self, z: torch.Tensor, y: Sequence[float] | None, learners: list[int]
+    ) -> list[float]:
         """Append one row to each learner. `y=None` appends pending rows valued at the mean.
 
-        Returns (b,) surprise |ỹ − μ̃| / √(predictive variance) (NaN where not learned/pending).
+        Args:
+            z: (b, d) unit-cube inputs.
+            y: b raw outputs (only the learners' are read), or None.
+
+        Returns:
+            Per member, the surprise |ỹ − μ̃| / √(predictive variance) (NaN where not learned).
         """
+        surprise = [math.nan] * self.batch
         if not learners:
-            return self._no_surprise.clone()
+            return surprise
         rows = self._rows
         width = max(rows[j] for j in learners)
         k_row = kernel_row(
             self._z[:, :width], z, self.lengthscale, self.outputscale, self.config.kernel
         )
-        for j in learners:
-            n = rows[j]
-            new_row = self._factor[j, n, :n]  # contiguous: the solve writes straight into it
-            new_row.copy_(k_row[j, :n])
-            solve_lower_in_buffer_(self._factor[j], n, new_row)
-        # Gather every member's new row (zero past its n) for two batched dot products; the b
-        # per-member scalars that follow are cheaper in Python than as tiny tensor operations.
-        row_idx = torch.tensor(rows, device=self.device)
-        # Past its solved entries a member's new row holds the identity's 1 (at column n_j) and
-        # zeros; v is 0 there, so only lᵀl needs that 1 taken off, below.
-        gathered = self._factor[self._arange_b, row_idx, :width]
-        quad = torch.stack(
-            (
-                torch.linalg.vecdot(gathered, gathered),
-                torch.linalg.vecdot(gathered, self._v[:, :width]),
-            )
-        )
-        quad_sq, prior_means = quad.tolist()
-        diag = self._diag
-        outputscale = self.outputscale.tolist()
-        means, scales = self.y_mean.tolist(), self.y_scale.tolist()
-        y_values = None if y is None else y.tolist()
+        # Each learner's new row l = L⁻¹k, with lᵀl and lᵀv (the prior mean), as Python floats:
+        # the b per-member scalars that follow are cheaper in Python than as tiny tensor ops.
+        products = append_rows_(self._factor, self._v, k_row, rows, learners)
+        diag, outputscale, means, scales = self._scalars
         pivots, v_new, y_raw, breakdown = [], [], [], []
-        surprise = [math.nan] * self.batch
-        for j in learners:
-            pivot_sq = diag[j] - (quad_sq[j] - (1.0 if rows[j] < width else 0.0))
+        for j, (quad_sq, prior_mean) in zip(learners, products, strict=True):
+            pivot_sq = diag[j] - quad_sq
             if pivot_sq < 0.5 * (diag[j] - outputscale[j]):
                 breakdown.append(j)  # exact arithmetic guarantees pivot² ≥ noise + jitter
             pivot = math.sqrt(max(pivot_sq, 1e-300))
-            if y_values is None:
-                y_std = prior_means[j]
+            if y is None:
+                y_std = prior_mean
             else:
-                y_std = (y_values[j] - means[j]) / scales[j]
-                self._moments[j].add(y_values[j])
-                surprise[j] = abs(y_std - prior_means[j]) / pivot
+                y_std = (y[j] - means[j]) / scales[j]
+                self._moments[j].add(y[j])
+                surprise[j] = abs(y_std - prior_mean) / pivot
             pivots.append(pivot)
-            v_new.append((y_std - prior_means[j]) / pivot)
+            v_new.append((y_std - prior_mean) / pivot)
             y_raw.append(means[j] + scales[j] * y_std)
-        opts = {"dtype": self.dtype, "device": self.device}
-        members = torch.tensor(learners, device=self.device)
-        at = row_idx[members]
-        self._factor[members, at, at] = torch.tensor(pivots, **opts)
-        self._v[members, at] = torch.tensor(v_new, **opts)
-        self._y[members, at] = torch.tensor(y_raw, **opts)
-        self._z[members, at] = z[members]
+        # The new scalars, stored in place: flat offsets of (j, n_j) in the (b, capacity) buffers.
+        cap, dim = self._capacity, self.dim
+        at = [j * cap + rows[j] for j in learners]
+        z_values = z.tolist()
+        set_entries_(
+            (self._factor, [a * cap + rows[j] for a, j in zip(at, learners, strict=True)], pivots),
+            (self._v, at, v_new),
+            (self._y, at, y_raw),
+            (
+                self._z,
+                [a * dim + i for a in at for i in range(dim)],
+                [value for j in learners for value in z_values[j]],
+            ),
+        )
         for j in learners:
             rows[j] += 1
         self._touch()
@@ -573,7 +597,7 @@ class IncrementalGP:
                 self.jitter[breakdown] * 10, 1e-8 * self.outputscale[breakdown]
             )
             self._rebuild(breakdown)
-        return torch.tensor(surprise, **opts)
+        return surprise
 
     # ------------------------------------------------------------------ pending points
     def add_pending(
@@ -621,6 +645,9 @@ class IncrementalGP:
     @contextmanager
     def _pending_detached(self) -> Iterator[None]:
         """Remove the trailing pending rows, run the body, re-append them at the new posterior."""
+        if not self._pending:  # no pending rows: nothing to take off or put back
+            yield
+            return
         for j in range(self.batch):
             self._truncate(j, self._real[j])
         try:
@@ -655,7 +682,7 @@ class IncrementalGP:
         of many large members never holds all their matrices at once.
         """
         self._touch()
-        self._refresh_diag()  # every change of a hyperparameter, jitter or scale ends here
+        self._refresh_scalars()  # every change of a hyperparameter, jitter or scale ends here
         if not members or max(self._rows[j] for j in members) == 0:
             return
         width = max(self._rows[j] for j in members)
@@ -664,9 +691,21 @@ class IncrementalGP:
         for start in range(0, len(members), chunk):
             self._rebuild_chunk(members[start : start + chunk])
 
-    def _refresh_diag(self) -> None:
-        """k(x, x) + σ² + jitter per member, as Python floats for the append's scalar work."""
-        self._diag = (self.outputscale + self.noise + self.jitter).tolist()
+    def _refresh_scalars(self) -> None:
+        """Cache per-member scalars as Python floats for the append's scalar work.
+
+        k(x, x) + σ² + jitter, the output scale, and the frozen output mean and scale: read from
+        their tensors after the O(n²) solve, each would cost a torch call on a cold cache.
+        """
+        self._scalars = tuple(
+            t.tolist()
+            for t in (
+                self.outputscale + self.noise + self.jitter,
+                self.outputscale,
+                self.y_mean,
+                self.y_scale,
+            )
+        )
 
     def _rebuild_chunk(self, members: list[int]) -> None:
         rows = [self._rows[j] for j in members]
@@ -712,32 +751,116 @@ class IncrementalGP:
             self._restandardize(members)
             self._rebuild(members)
 
-    def _apply_window(self) -> list[int]:
-        """Drop each member's oldest observations beyond the window; returns counts per member."""
+    def _apply_window(self, rebuilding: set[int]) -> tuple[list[int], list[int]]:
+        """Forget each member's oldest observations beyond the window (pending rows detached).
+
+        One row over — every learn_one once the window is full — is removed from the factor in
+        O(n²) by `_forget_oldest`; more (learn_many), or a member in `rebuilding` anyway, only
+        shift the data and leave the factor to a rebuild. Returns the rows dropped per member
+        and the members whose factor must be rebuilt.
+        """
         window = self.config.window
-        dropped = [0] * self.batch
         if window is None:
-            return dropped
-        for j in range(self.batch):
-            drop = self._real[j] - window
-            if drop <= 0:
-                continue
-            n = self._rows[j]
+            return [0] * self.batch, []
+        dropped = [max(real - window, 0) for real in self._real]
+        if not any(dropped):
+            return dropped, []
+        rebuild = [j for j, drop in enumerate(dropped) if drop > 1 or (drop and j in rebuilding)]
+        for j in rebuild:
+            n, drop = self._rows[j], dropped[j]
             self._z[j, : n - drop] = self._z[j, drop:n].clone()
             self._y[j, : n - drop] = self._y[j, drop:n].clone()
             self._real[j] -= drop
             self._truncate(j, n - drop)
-            dropped[j] = drop
-        if any(dropped):
-            self._recount()
-        return dropped
+        single = [j for j, drop in enumerate(dropped) if drop == 1 and j not in rebuilding]
+        if single:
+            rebuild += self._forget_oldest(single)
+        self._recount()
+        return dropped, sorted(rebuild)
+
+    def _forget_oldest(self, members: list[int]) -> list[int]:
+        """Remove each member's oldest observation, exactly and in O(n²); returns failures.
+
+        With L = [[l₁₁, 0], [l₂₁, L₂₂]] the factor of K, the factor of K without its first row
+        and column is chol(L₂₂L₂₂ᵀ + l₂₁l₂₁ᵀ) = L₂₂C with C = chol(I + ppᵀ), p = L₂₂⁻¹l₂₁ — a
+        rank-one update, not a downdate: the pivots only grow, nothing cancels. C has a closed
+        form (t₀ = 1, tₖ = tₖ₋₁ + pₖ²; Cₖₖ = √(tₖ/tₖ₋₁), Cᵢₖ = pᵢpₖ/√(tₖ₋₁tₖ) for i > k), so
+
+            L' = L₂₂ diag(Cₖₖ) + S diag(wₖ),   wₖ = pₖ/√(tₖ₋₁tₖ),   Sᵢₖ = Σ_{j>k} (L₂₂)ᵢⱼ pⱼ,
+
+        S being each row's total minus its running sum. L' is computed in blocks of rows that
+        stay in cache, each written back one row up the moment it is done (the rows below, still
+        to be read, are untouched), then v is solved afresh; members are batched.
+
+        The members hold no pending rows; one narrower than the widest is padded with the
+        identity, where p is 0 and the update changes nothing. A member whose update is not
+        finite keeps its factor, loses its oldest row of data and is returned, to be rebuilt.
+        """
+        rows = [self._rows[j] for j in members]
+        size = max(rows) - 1  # of the new factor (the widest member's)
+        # Every member at once (the usual round) works on views of the buffers, no gathering.
+        sel = self._selector(members)
+        p = self._factor[sel, 1 : size + 1, 0].clone(memory_format=torch.contiguous_format)
+        for k, j in enumerate(members):  # p = L₂₂⁻¹ l₂₁, the solve reading the buffer in place
+            solve_lower_in_buffer_(self._factor[j, 1:, 1:], rows[k] - 1, p[k, : rows[k] - 1])
+        t = torch.cumsum(p.square(), -1).add_(1.0)
+        t_prev = torch.cat((torch.ones_like(t[:, :1]), t[:, :-1]), -1)
+        finite = torch.isfinite(t[:, -1]).tolist()  # t is finite iff p is; then so is L'
+        scale = t.div(t_prev).sqrt_().unsqueeze(-2)  # Cₖₖ ≥ 1
+        weight = p.div((t_prev * t).sqrt_()).neg_().unsqueeze(-2)  # −wₖ
+        p = p.unsqueeze(-2)
+        failed = [j for j, ok in zip(members, finite, strict=True) if not ok]
+        if failed:
+            keep = torch.tensor([k for k, ok in enumerate(finite) if ok], device=self.device)
+            p, scale, weight = p[keep], scale[keep], weight[keep]
+            sel = self._selector([j for j in members if j not in failed])
+        if len(failed) < len(members):
+            block = max(16, _FORGET_BLOCK // (p.shape[0] * size))
+            for start in range(0, size, block):
+                stop = min(start + block, size)
+                l22 = self._factor[sel, start + 1 : stop + 1, 1 : stop + 1]
+                new = l22 * p[..., :stop]
+                new.cumsum_(-1)  # running sums; each row's total ends in the last column
+                new.sub_(new[..., -1:].clone()).mul_(weight[..., :stop])  # S diag(w)
+                new.addcmul_(l22, scale[..., :stop])  # + L₂₂ diag(Cₖₖ)
+                self._factor[sel, start:stop, :stop] = new
+        # The data move up one row; the widest members' old last row becomes inert.
+        sel = self._selector(members)
+        self._z[sel, :size] = self._z[sel, 1 : size + 1].clone()
+        self._y[sel, :size] = self._y[sel, 1 : size + 1].clone()
+        self._factor[sel, size, : size + 1] = 0.0
+        self._factor[sel, size, size] = 1.0
+        held = self._row_mask([n - 1 for n in rows], size)
+        y_std = (self._y[sel, :size] - self.y_mean[sel, None]) / self.y_scale[sel, None]
+        self._v[sel, :size] = torch.where(held, y_std, 0.0)
+        self._v[sel, size] = 0.0
+        for k, j in enumerate(members):
+            if j in failed:
+                self._truncate(j, rows[k] - 1)
+            else:  # v = L'⁻¹ ỹ, fresh: no error carried over from the old v
+                solve_lower_in_buffer_(self._factor[j], rows[k] - 1, self._v[j, : rows[k] - 1])
+                self._rows[j] -= 1
+            self._real[j] -= 1
+        self._touch()
+        return failed
+
+    def _selector(self, members: list[int]) -> slice | torch.Tensor:
+        """Index of the listed members: a slice (views, no copies) when they are all."""
+        if len(members) == self.batch:
+            return slice(None)
+        return torch.tensor(members, device=self.device)
 
     def _recount(self) -> None:
-        """Recompute each member's running moments from its stored observations."""
-        for j, values in enumerate(self._y.tolist()):
-            self._moments[j] = _RunningMoments()
-            for value in values[: self._real[j]]:
-                self._moments[j].add(value)
+        """Recompute each member's running moments from its stored observations (vectorized)."""
+        width = max(max(self._real), 1)
+        y = self._y[:, :width]
+        shift = y[:, 0]
+        delta = torch.where(self._row_mask(self._real, width), y - shift.unsqueeze(-1), 0.0)
+        totals = torch.stack((delta.sum(-1), delta.square().sum(-1))).tolist()
+        for j, (count, first, total, total_sq) in enumerate(
+            zip(self._real, shift.tolist(), *totals, strict=True)
+        ):
+            self._moments[j] = _RunningMoments(count, first if count else 0.0, total, total_sq)
 
     def _standardization(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (mean, scale) the data ask for (two-pass); scale 1 until two values exist."""
@@ -756,7 +879,7 @@ class IncrementalGP:
         tol = self.config.drift_tolerance
         drifted = []
         for j, (moments, mean, scale) in enumerate(
-            zip(self._moments, self.y_mean.tolist(), self.y_scale.tolist(), strict=True)
+            zip(self._moments, *self._scalars[2:], strict=True)
         ):
             if moments.count == 0:
                 continue

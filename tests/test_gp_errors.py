@@ -74,6 +74,16 @@ def test_nan_and_inf_are_rejected_where_they_matter(model):
     assert model.num_observations.tolist() == [1, 0, 1]
 
 
+def test_finite_values_whose_sum_overflows_are_accepted(model):
+    """The finiteness check sums the values first; an overflow of finite ones is no error."""
+    zeros, huge = torch.zeros(3, dtype=torch.float64), torch.full((3,), 1e308, dtype=torch.float64)
+    model._check_observations(zeros[:, None].expand(3, 2), huge, (3,), None)
+    model._check_observations(huge[:, None].expand(3, 2), zeros, (3,), None)
+    huge[2] = math.inf
+    with pytest.raises(ValueError, match=r"y holds NaN or infinity at index \[2\]"):
+        model._check_observations(zeros[:, None].expand(3, 2), huge, (3,), None)
+
+
 def test_bad_hyperparameters(model):
     with pytest.raises(ValueError, match="lengthscale must be finite and positive"):
         model.set_hyperparameters(lengthscale=torch.zeros(3, 2))
