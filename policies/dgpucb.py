@@ -64,6 +64,13 @@ class DGPUCBPolicy(SearchPolicy):
                 f"dgpucb: reward {reward.node!r} is not decomposed into components "
                 "(reward.components); use gpucb or mcbo"
             )
+        if spec.intervention != "soft":
+            # do(f_j = v) leaves no action input to any component GP: the UCB would not
+            # depend on the intervention at all (and its optimizer would have no gradient).
+            raise ValueError(
+                "dgpucb: D-GP-UCB models each component as a function of soft actions; "
+                "hard interventions are not supported (use mcbo or eifn)"
+            )
         fed = [c for c in reward.components if spec.node(c).parents]
         if fed:
             raise ValueError(
@@ -102,6 +109,16 @@ class _DecomposedUCB(Problem):
 
     def ucb(self, actions: torch.Tensor, beta: float) -> torch.Tensor:
         """(b, A) actions -> (b,) μ + √β σ of the composed reward."""
+        mean, total_var = self.aggregate(actions)
+        if beta == 0.0:
+            return mean
+        return mean + math.sqrt(beta) * total_var.clamp_min(1e-24).sqrt()
+
+    def aggregate(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, A) actions -> (b,) mean μ and variance σ² of the composed reward (see above).
+
+        For a nonlinear g the variance is the bound J Σ_j B_j² σ_j², not an exact variance.
+        """
         means, variances = [], []
         for component in self.components:
             inputs = self.model.node_inputs_at(component, actions, {})
@@ -117,9 +134,7 @@ class _DecomposedUCB(Problem):
         else:
             mean = self.g(mu)
             total_var = len(self.components) * (self.bounds_sq.to(var) * var).sum(-1)
-        if beta == 0.0:
-            return mean
-        return mean + math.sqrt(beta) * total_var.clamp_min(1e-24).sqrt()
+        return mean, total_var
 
     def evaluate(self, region: Region, x: torch.Tensor) -> torch.Tensor:
         return self.ucb(region.embed(x[:, : region.dim]), self.beta)

@@ -1,4 +1,20 @@
-"""Random: a uniformly random admissible intervention (the floor every policy must beat)."""
+"""Random: a uniformly random admissible intervention (the floor every policy must beat).
+
+It is also the agent's initial-design explorer and its fallback when another policy fails, so
+every proposal keeps the same contract as the others (see `policies._supports`):
+
+- Soft interventions: an action whose bounds exclude 0 cannot be switched off (it is
+  *mandatory*), so it is in every support and counts toward `max_interventions`; the remaining
+  room is filled with a random number of the other actions (the rest stay 0).
+- Hard interventions: a target set drawn uniformly among the allowed ones that fit the
+  cardinality limit and whose cheapest point fits the round cap.
+- Finite candidates: drawn uniformly among the admissible ones.
+- Budget: values are drawn uniformly in their bounds; a draw over the round cap is pulled toward
+  its cheapest point (each value as close to 0 as its bounds allow) by a random fraction of the
+  largest affordable step, so it stays inside the bounds and fits the cap.
+
+The proposal's cost is `intervention_cost` of exactly the returned intervention.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +23,7 @@ import math
 import torch
 
 from core.network import NetworkModel
+from policies._supports import admissible_candidates, mandatory_actions
 from policies.base import (
     Constraints,
     NothingAffordable,
@@ -16,17 +33,20 @@ from policies.base import (
     intervention_cost,
 )
 
+_TOL = 1e-12
+
+
+def _fits(cost: float, cap: float) -> bool:
+    """Within the round cap, up to rounding (the tolerance `policies._search` allows)."""
+    return cost <= cap * (1 + _TOL) + _TOL
+
 
 class RandomSettings(PolicySettings):
-    max_draws: int = 1000  # rejection sampling attempts against the budget before giving up
+    max_draws: int = 1000  # attempts at an affordable soft support before the mandatory one
 
 
 class RandomPolicy(Policy):
-    """Draw a target set and values uniformly; reject draws that break the constraints.
-
-    Soft interventions with a cardinality limit c draw a random support of at most c actions
-    (the others stay 0). A finite candidate set is sampled uniformly.
-    """
+    """Draw an admissible target set or support, then values uniformly within the budget."""
 
     name = "random"
     Settings = RandomSettings
@@ -34,72 +54,109 @@ class RandomPolicy(Policy):
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
-        for _ in range(self.settings.max_draws):
-            intervention = self._fit_budget(self._draw(constraints, rng), constraints, rng)
-            cost = intervention_cost(self.spec, intervention)
-            if cost <= constraints.round_cap + 1e-12:
-                used = tuple(n for n, v in intervention.items() if self._used(v))
-                return Proposal(intervention, math.nan, cost, used, {"policy": self.name})
-        raise NothingAffordable(
-            f"no affordable intervention in {self.settings.max_draws} random draws "
-            f"(round cap {constraints.round_cap:g})"
-        )
-
-    def _fit_budget(
-        self, intervention: dict[str, float], constraints: Constraints, rng: torch.Generator
-    ) -> dict[str, float]:
-        """Shrink values toward 0 when their per-unit cost breaks the round cap.
-
-        A uniform draw over a box rarely fits a tight budget (vaccine doses, say); scaling the
-        per-unit-cost part to fit, times a uniform factor, keeps the draw random and affordable.
-        """
-        if self.spec.candidates is not None or constraints.round_cap == float("inf"):
-            return intervention
         spec = self.spec
-        fixed = intervention_cost(
-            spec, {k: v for k, v in intervention.items() if spec.action(k).cost_per_unit == 0}
-        )
-        variable = intervention_cost(spec, intervention) - fixed
-        room = constraints.round_cap - fixed
-        if variable <= room or variable <= 0 or room <= 0:
-            return intervention
-        factor = room / variable * float(torch.rand(1, generator=rng, dtype=torch.float64))
-        shrunk = dict(intervention)
-        for name, value in intervention.items():
-            action = spec.action(name)
-            if action.cost_per_unit > 0 and action.bounds[0] <= 0.0 <= action.bounds[1]:
-                shrunk[name] = value * factor
-        return shrunk
+        if spec.candidates is not None:
+            points = admissible_candidates(model, constraints)
+            pick = int(torch.randint(len(points), (1,), generator=rng))
+            intervention = dict(zip(spec.action_names, points[pick].tolist(), strict=True))
+        else:
+            support = self._draw_support(constraints, rng)
+            values = {name: self._uniform(name, rng) for name in support}
+            values = self._fit_budget(values, constraints, rng)
+            if spec.intervention == "soft":
+                intervention = {name: values.get(name, 0.0) for name in spec.action_names}
+            else:
+                intervention = values
+        cost = intervention_cost(spec, intervention)
+        if not _fits(cost, constraints.round_cap):  # the fit above rules this out
+            raise RuntimeError(f"random: proposal cost {cost} exceeds the round cap")
+        used = tuple(n for n, v in intervention.items() if self._used(v))
+        return Proposal(intervention, math.nan, cost, used, {"policy": self.name})
+
+    # ------------------------------------------------------------------ costs
+    def _anchor(self, name: str) -> float:
+        """The cheapest value of an action: as close to 0 as its bounds allow."""
+        low, high = self.spec.action(name).bounds
+        return min(max(0.0, low), high)
+
+    def _min_cost(self, support: tuple[str, ...]) -> float:
+        """The cost of a support at its cheapest point (fixed costs paid, as in `_supports`)."""
+        actions = [self.spec.action(name) for name in support]
+        return sum(a.cost + a.cost_per_unit * abs(self._anchor(a.name)) for a in actions)
+
+    def _uniform(self, name: str, rng: torch.Generator) -> float:
+        low, high = self.spec.action(name).bounds
+        return low + (high - low) * float(torch.rand(1, generator=rng, dtype=torch.float64))
 
     def _used(self, value: float) -> bool:
         return self.spec.intervention == "hard" or value != 0.0
 
-    def _draw(self, constraints: Constraints, rng: torch.Generator) -> dict[str, float]:
-        spec = self.spec
-        if spec.candidates is not None:
-            pick = int(torch.randint(len(spec.candidates), (1,), generator=rng))
-            return dict(zip(spec.action_names, spec.candidates[pick], strict=True))
-        support = self._draw_support(constraints, rng)
-        values = {}
-        for name in support:
-            low, high = spec.action(name).bounds
-            values[name] = low + (high - low) * float(
-                torch.rand(1, generator=rng, dtype=torch.float64)
-            )
-        if spec.intervention == "soft":
-            return {name: values.get(name, 0.0) for name in spec.action_names}
-        return values
+    # ------------------------------------------------------------------ budget
+    def _fit_budget(
+        self, values: dict[str, float], constraints: Constraints, rng: torch.Generator
+    ) -> dict[str, float]:
+        """Pull a draw over the round cap toward its cheapest point until it fits.
 
+        A uniform draw over a box rarely fits a tight budget (vaccine doses, say). Along the
+        segment anchor → value every |v_i| is linear (anchor and value share a sign), so the
+        largest affordable fraction t_max has a closed form; a uniform fraction of it keeps the
+        draw random. The anchor is inside the bounds, hence so is every point of the segment.
+        Fixed costs are counted for the whole support (an upper bound: a soft value that ends
+        at 0 pays nothing), as the support was drawn affordable at its anchor.
+        """
+        cap = constraints.round_cap
+        if not math.isfinite(cap) or intervention_cost(self.spec, values) <= cap:
+            return values
+        support = tuple(values)
+        base = self._min_cost(support)
+        unit = {name: self.spec.action(name).cost_per_unit for name in support}
+        extra = sum(unit[n] * (abs(v) - abs(self._anchor(n))) for n, v in values.items())
+        room = cap - base - _TOL * max(1.0, abs(cap))  # stay strictly inside
+        most = min(max(room / extra, 0.0), 1.0) if extra > 0 else 1.0
+        fraction = most * float(torch.rand(1, generator=rng, dtype=torch.float64))
+        fitted = {}
+        for name, value in values.items():
+            anchor = self._anchor(name)
+            low, high = self.spec.action(name).bounds
+            fitted[name] = min(max(anchor + (value - anchor) * fraction, low), high)
+        return fitted
+
+    # ------------------------------------------------------------------ supports
     def _draw_support(self, constraints: Constraints, rng: torch.Generator) -> tuple[str, ...]:
-        limit = constraints.max_interventions
+        limit, cap = constraints.max_interventions, constraints.round_cap
         if self.spec.intervention == "hard":
-            sets = [s for s in self.spec.allowed_target_sets() if limit is None or len(s) <= limit]
+            sets = [
+                tuple(s)
+                for s in self.spec.allowed_target_sets()
+                if (limit is None or len(s) <= limit) and _fits(self._min_cost(tuple(s)), cap)
+            ]
             if not sets:
-                raise NothingAffordable(f"no allowed target set has at most {limit} actions")
+                raise NothingAffordable(
+                    f"random: no allowed target set has at most {limit} actions and fits the "
+                    f"round cap {cap:g}"
+                )
             return sets[int(torch.randint(len(sets), (1,), generator=rng))]
         names = self.spec.action_names
-        if limit is None or limit >= len(names):
+        must = mandatory_actions(self.spec)
+        if limit is not None and len(must) > limit:
+            raise NothingAffordable(
+                f"random: {len(must)} actions cannot be switched off ({', '.join(must)}: their "
+                f"bounds exclude 0), more than max_interventions = {limit}"
+            )
+        if not _fits(self._min_cost(tuple(must)), cap):
+            raise NothingAffordable(
+                f"random: the actions that cannot be switched off ({', '.join(must)}) cost at "
+                f"least {self._min_cost(tuple(must)):g}, over the round cap {cap:g}"
+            )
+        optional = [n for n in names if n not in must]
+        room = len(optional) if limit is None else min(limit - len(must), len(optional))
+        if room == len(optional) and _fits(self._min_cost(tuple(names)), cap):
             return tuple(names)
-        size = int(torch.randint(limit + 1, (1,), generator=rng))
-        order = torch.randperm(len(names), generator=rng)[:size].tolist()
-        return tuple(names[i] for i in sorted(order))
+        for _ in range(self.settings.max_draws):
+            size = int(torch.randint(room + 1, (1,), generator=rng))
+            order = torch.randperm(len(optional), generator=rng)[:size].tolist()
+            chosen = {optional[i] for i in order}
+            support = tuple(n for n in names if n in must or n in chosen)
+            if _fits(self._min_cost(support), cap):
+                return support
+        return tuple(must)  # affordable, checked above

@@ -16,6 +16,7 @@ from policies._beta import paper_beta
 from policies.base import Constraints
 from policies.dgpucb import DGPUCBPolicy
 from policies.registry import make_policy
+from tests.gp_reference import exact_posterior
 
 F64 = torch.float64
 
@@ -26,43 +27,113 @@ def _posterior_variance(k_xx, k_qx, k_qq, noise):
     return k_qq.diagonal() - (k_qx * solve.T).sum(-1)
 
 
+def _theorem6_spec(components, dim, weights, noise, kernel):
+    actions = [f"x{i}" for i in range(dim)]
+    names = [f"f{j}" for j in range(components)]
+    return parse_spec(
+        {
+            "name": "theorem6",
+            "intervention": "soft",
+            "nodes": [
+                *(
+                    {"name": n, "bounds": [-3, 3], "noise_std": s}
+                    for n, s in zip(names, noise, strict=True)
+                ),
+                {"name": "y", "parents": names, "bounds": [-20, 20]},
+            ],
+            "actions": [{"name": a, "targets": names, "bounds": [0, 1]} for a in actions],
+            "reward": {
+                "node": "y",
+                "components": names,
+                "aggregation": "linear",
+                "weights": weights,
+            },
+            "model": {"kernel": kernel, "refit_every": None, "misfit_z": None},
+            "policy": {"name": "dgpucb", "settings": {"beta_mode": "constant", "beta": 1.0}},
+        }
+    )
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
-    components=st.integers(2, 5),
+    components=st.integers(2, 4),
     points=st.integers(2, 25),
+    dim=st.integers(1, 2),
     x_dependent=st.booleans(),
+    kernel=st.sampled_from(["rbf", "matern52"]),
 )
-def test_decomposed_variance_never_exceeds_the_composed_gp(seed, components, points, x_dependent):
-    """Paper 003, Theorem 6: Σ_j g_j² σ²_{j} ≤ σ² of one GP on Σ_j g_j k_j g_j."""
+def test_decomposed_variance_never_exceeds_the_composed_gp(
+    seed, components, points, dim, x_dependent, kernel
+):
+    """Paper 003, Theorem 6, on the policy's own computation.
+
+    The component GPs of a `NetworkModel` (random hyperparameters, conditioned on random data by
+    the model's incremental appends) give D-GP-UCB's aggregated variance Σ_j g_j(a)² σ_j²(a) as
+    `_DecomposedUCB.aggregate` computes it. It must equal the exact variance (gpytorch, from the
+    raw data and the model's hyperparameters), and never exceed the variance of one GP on the
+    composed kernel Σ_j g_j k_j g_j with the aggregated noise Σ_j g_j² σ²_noise,j.
+    """
     gen = torch.Generator().manual_seed(seed)
-    x = torch.rand(points, 2, generator=gen, dtype=F64)
-    xq = torch.rand(7, 2, generator=gen, dtype=F64)
-    lengthscales = 0.1 + torch.rand(components, 2, generator=gen, dtype=F64)
-    scales = 0.2 + torch.rand(components, generator=gen, dtype=F64)
-    noise = 10 ** (-3 * torch.rand(components, generator=gen, dtype=F64))
-    coefficients = 0.5 + torch.rand(components, 2, generator=gen, dtype=F64)
+    coefficients = (0.5 + torch.rand(components, 2, generator=gen, dtype=F64)).tolist()
+    noise = (10 ** (-2 * torch.rand(components, generator=gen, dtype=F64))).tolist()
+    weights = [
+        f"{c0!r} + {c1!r} * x0" if x_dependent else c0 for c0, c1 in coefficients
+    ]  # g_j(x): constant, or a nonzero function of x
+    spec = _theorem6_spec(components, dim, weights, noise, kernel)
+    model = NetworkModel(spec)
+    model.gp.set_hyperparameters(
+        lengthscale=0.1 + torch.rand(components, model.gp.dim, generator=gen, dtype=F64),
+        outputscale=0.2 + torch.rand(components, generator=gen, dtype=F64),
+    )
+    x = torch.rand(points, dim, generator=gen, dtype=F64)
+    y = torch.randn(points, components, generator=gen, dtype=F64)
+    for row, readings in zip(x.tolist(), y.tolist(), strict=True):
+        model.learn(
+            {f"x{i}": v for i, v in enumerate(row)},
+            {f"f{j}": v for j, v in enumerate(readings)},
+        )
+    xq = torch.cat([torch.rand(7, dim, generator=gen, dtype=F64), x[:3]])  # and at data
+    problem = DGPUCBPolicy(spec, spec.policy.settings).problem(model, 0, None)
+    _, ours = problem.aggregate(xq)
 
-    def weights(z):  # g_j(x): constant, or a nonzero function of x
-        if not x_dependent:
-            return coefficients[:, 0].expand(z.shape[0], components)
-        return coefficients[:, 0] + coefficients[:, 1] * z[:, :1]
+    gp = model.gp
 
-    def k(j, a, b):
-        return kernel_matrix(a[None], b[None], lengthscales[j : j + 1], scales[j : j + 1], "rbf")[0]
+    def g(z):  # (m, dim) -> (m, J), evaluated independently of the policy
+        c = torch.tensor(coefficients, dtype=F64)
+        return c[:, 0] + c[:, 1] * z[:, :1] if x_dependent else c[:, 0].expand(len(z), -1)
 
-    gx, gq = weights(x), weights(xq)
-    decomposed = sum(
+    def k(j, a, b):  # component j's kernel in raw units (inputs on [0, 1] already)
+        scale = gp.outputscale[j : j + 1] * gp.y_scale[j] ** 2
+        return kernel_matrix(a[None], b[None], gp.lengthscale[j : j + 1, :dim], scale, kernel)[0]
+
+    raw_noise = [
+        float((gp.noise[j] + gp.jitter[j]) * gp.y_scale[j] ** 2) for j in range(components)
+    ]
+    gx, gq = g(x), g(xq)
+    exact = sum(
         gq[:, j] ** 2
-        * _posterior_variance(k(j, x, x), k(j, xq, x), k(j, xq, xq), noise[j].expand(points))
+        * float(gp.y_scale[j]) ** 2
+        * exact_posterior(
+            x,
+            (y[:, j] - gp.y_mean[j]) / gp.y_scale[j],
+            xq,
+            lengthscale=gp.lengthscale[j, :dim],
+            outputscale=float(gp.outputscale[j]),
+            noise=float(gp.noise[j] + gp.jitter[j]),
+            kernel=kernel,
+        )[1]
         for j in range(components)
     )
+    prior = float(sum(gq[:, j].pow(2).max() * k(j, xq[:1], xq[:1]) for j in range(components)))
+    torch.testing.assert_close(ours, exact, rtol=1e-7, atol=1e-9 * prior)
+
     composed_xx = sum(gx[:, j, None] * k(j, x, x) * gx[None, :, j] for j in range(components))
     composed_qx = sum(gq[:, j, None] * k(j, xq, x) * gx[None, :, j] for j in range(components))
     composed_qq = sum(gq[:, j, None] * k(j, xq, xq) * gq[None, :, j] for j in range(components))
-    aggregate_noise = sum(gx[:, j] ** 2 * noise[j] for j in range(components))
+    aggregate_noise = sum(gx[:, j] ** 2 * raw_noise[j] for j in range(components))
     entire = _posterior_variance(composed_xx, composed_qx, composed_qq, aggregate_noise)
-    assert (decomposed <= entire + 1e-9 * entire.abs().max()).all()
+    assert (ours <= entire + 1e-9 * prior).all()
 
 
 def decomposed_spec(weights, policy="dgpucb", settings_=None):
@@ -141,6 +212,13 @@ def test_dgpucb_needs_a_decomposed_reward():
     )
     with pytest.raises(ValueError, match="not decomposed"):
         make_policy("dgpucb", spec)
+
+
+def test_dgpucb_refuses_hard_interventions():
+    spec = decomposed_spec([1, 1])
+    hard = spec.model_copy(update={"intervention": "hard", "target_sets": [[], ["x"]]})
+    with pytest.raises(ValueError, match="hard interventions"):
+        make_policy("dgpucb", hard)
 
 
 def test_proposals_respect_a_per_unit_budget():

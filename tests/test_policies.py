@@ -35,25 +35,103 @@ def test_policies_are_registered():
 
 
 # ---------------------------------------------------------------------- acquisitions
-def test_rollout_at_zero_variance_is_the_deterministic_network():
-    """GPs trained at exactly the inputs a rollout queries: optimism has nothing to add."""
-    spec = chain_spec()
-    model = NetworkModel(spec)
-    grid = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
-    points = torch.cartesian_prod(grid, grid, grid)[::3]
-    for point in points:
-        intervention = dict(zip(spec.action_names, point.tolist(), strict=True))
-        model.learn(intervention, truth(spec, intervention))
-    _, problem = _problem("mcbo", model, beta=2.0)
-    eta = 2 * torch.rand(len(points), 2, dtype=torch.float64) - 1
-    optimistic = problem.optimistic_reward(points, eta, (), 2.0)
-    expected = torch.tensor(
-        [truth(spec, dict(zip(spec.action_names, p.tolist(), strict=True)))["Y"] for p in points],
-        dtype=torch.float64,
+def _mean_network(model: NetworkModel, actions: torch.Tensor, set_actions=()) -> torch.Tensor:
+    """(b, A) -> (b,) the reward of the deterministic network of posterior means, wired by hand
+    from the spec (not by `NetworkModel.rollout`): each node's GP mean at its parents' values,
+    then the actions that feed it in spec order; a node set by a hard action takes its value."""
+    spec = model.spec
+    column = {a: i for i, a in enumerate(spec.action_names)}
+    fixed = {spec.action(a).targets[0]: column[a] for a in set_actions}
+    hard = spec.intervention == "hard"
+    values: dict[str, torch.Tensor] = {}
+    for node in spec.topological_order():
+        if node in fixed:
+            values[node] = actions[:, fixed[node]]
+            continue
+        inputs = [values[p] for p in spec.node(node).parents]
+        if not hard:
+            inputs += [actions[:, column[a.name]] for a in spec.actions if node in a.targets]
+        x = actions.new_zeros(len(actions), model.input_dim)  # padded as the GP stores rows
+        if inputs:
+            x[:, : len(inputs)] = torch.stack(inputs, -1)
+        values[node] = model.gp.posterior(x, members=model.member[node]).mean
+    return values[spec.reward.node]
+
+
+def _zero_variance(model: NetworkModel) -> None:
+    """Force every node's posterior variance to exactly 0 (the mean is left as it is)."""
+    posterior = model.node_posterior
+
+    def exact(node: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = posterior(node, inputs)
+        return mean, torch.zeros_like(std)
+
+    model.node_posterior = exact
+
+
+_WIRED = [  # several actions per node and one action feeding two nodes, out of node order
+    {"name": "a0", "targets": ["X2"], "bounds": [-1.0, 1.0]},
+    {"name": "a1", "targets": ["X0", "Y"], "bounds": [0.0, 2.0]},
+    {"name": "a2", "targets": ["X1"], "bounds": [0.5, 1.5]},
+    {"name": "a3", "targets": ["X2"], "bounds": [0.0, 1.0]},
+]
+
+
+@pytest.mark.parametrize(
+    ("intervention", "noise", "set_actions"),
+    [("soft", 0.0, ()), ("soft", 0.2, ()), ("hard", 0.0, ("a1",)), ("hard", 0.2, ("a0", "a2"))],
+)
+def test_rollout_at_zero_variance_is_the_deterministic_network(intervention, noise, set_actions):
+    """With every posterior variance exactly 0 and no sampled observation noise, MCBO's
+    hallucinated rollouts (any β, any η) and EI-FN's posterior samples all collapse to the
+    deterministic network of posterior means — to rounding, not to a tolerance.
+
+    Noiseless nodes: the policies' own noise draws must add nothing (the known noise is 0, not
+    the GP's numerical noise floor). Noisy nodes: the draws are set to 0.
+    """
+    if intervention == "soft":
+        spec = chain_spec(nodes=4, actions=_WIRED, noise=noise)
+    else:
+        target_sets = [[], ["a1"], ["a0", "a2"]]
+        spec = chain_spec(intervention="hard", nodes=4, noise=noise, target_sets=target_sets)
+    model = trained_model(spec, 8)
+    generator = torch.Generator().manual_seed(0)
+    bounds = model.action_bounds()
+    actions = bounds[:, 0] + (bounds[:, 1] - bounds[:, 0]) * torch.rand(
+        6, len(bounds), generator=generator, dtype=torch.float64
     )
-    assert torch.allclose(optimistic, expected, atol=2e-2)
-    _, std = model.node_posterior("Y", torch.zeros(1, 2, dtype=torch.float64))
-    assert std.shape == (1,)
+    expected = _mean_network(model, actions, set_actions)
+    exact = {"rtol": 0.0, "atol": 1e-10}
+
+    # Sampled noise 0 at the real posterior: β = 0 (any η) and EI-FN at zero base samples.
+    _, mcbo = _problem("mcbo", model, mc_samples=3)
+    count = len(mcbo.eta_nodes(set_actions))
+    eta = 2 * torch.rand(len(actions), count, generator=generator, dtype=torch.float64) - 1
+    zero_eps = torch.zeros_like(mcbo.eps)
+    got = mcbo.optimistic_reward(actions, eta, set_actions, 0.0, zero_eps)
+    torch.testing.assert_close(got, expected, **exact)
+    _, eifn = _problem("eifn", model, mc_samples=4)
+    eifn.epistemic, eifn.aleatoric = torch.zeros_like(eifn.epistemic), eifn.aleatoric.clone()
+    if noise:
+        eifn.aleatoric.zero_()
+    samples = eifn.sample_rewards(actions, set_actions)
+    torch.testing.assert_close(samples, expected.expand_as(samples), **exact)
+
+    # Variance exactly 0: β and η have nothing to scale, EI-FN's samples nothing to spread.
+    _zero_variance(model)
+    _, mcbo = _problem("mcbo", model, mc_samples=3)
+    eps = torch.zeros_like(mcbo.eps) if noise else None  # None: the policy's own draws
+    for beta in (0.5, 2.0):
+        got = mcbo.optimistic_reward(actions, eta, set_actions, beta, eps)
+        torch.testing.assert_close(got, expected, **exact)
+    _, eifn = _problem("eifn", model, mc_samples=4)
+    if noise:
+        eifn.aleatoric = torch.zeros_like(eifn.aleatoric)
+    samples = eifn.sample_rewards(actions, set_actions)
+    assert samples.shape[0] == 4 and eifn.epistemic.abs().sum() > 0
+    torch.testing.assert_close(samples, expected.expand_as(samples), **exact)
+    # the network of means is not trivially constant: it moves with the actions
+    assert expected.std() > 1e-3
 
 
 def test_mcbo_with_beta_zero_is_the_mean_rollout():
@@ -270,6 +348,44 @@ def test_proposals_are_admissible(name, intervention):
         assert sum(v != 0 for v in proposal.intervention.values()) <= 1
     assert proposal.cost == intervention_cost(spec, proposal.intervention)
     assert math.isfinite(proposal.acquisition_value)
+
+
+def test_random_keeps_actions_that_cannot_be_switched_off():
+    """a0 on [0.5, 1.5] is always used and paid: it takes the one slot a limit of 1 leaves."""
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [0.5, 1.5], "cost": 1.0, "cost_per_unit": 1.0},
+        {"name": "a1", "targets": ["X1"], "bounds": [0.0, 1.0], "cost": 0.5},
+        {"name": "a2", "targets": ["Y"], "bounds": [-1.0, 1.0], "cost_per_unit": 1.0},
+    ]
+    spec = chain_spec(actions=actions)
+    model = NetworkModel(spec)
+    policy = make_policy("random", spec)
+    rng = torch.Generator().manual_seed(0)
+    for constraints in (Constraints(max_interventions=1), Constraints(budget_per_round=1.6)):
+        for _ in range(50):
+            proposal = policy.propose(model, constraints, rng)
+            values = proposal.intervention
+            assert 0.5 <= values["a0"] <= 1.5 and "a0" in proposal.target_set
+            assert proposal.cost == intervention_cost(spec, values) <= constraints.round_cap
+            if constraints.max_interventions == 1:
+                assert values["a1"] == values["a2"] == 0.0
+    with pytest.raises(NothingAffordable, match=r"a0.*round cap 1\.4"):
+        policy.propose(model, Constraints(budget_per_round=1.4), rng)  # a0 costs at least 1.5
+    two = chain_spec(actions=[{**actions[0]}, {**actions[1], "bounds": [-2.0, -1.0]}])
+    with pytest.raises(NothingAffordable, match="max_interventions = 1"):
+        make_policy("random", two).propose(NetworkModel(two), Constraints(max_interventions=1), rng)
+
+
+def test_random_draws_only_admissible_candidates():
+    candidates = [[1.0, 1.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    spec = chain_spec(candidates=candidates)
+    policy = make_policy("random", spec)
+    rng = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(40):
+        proposal = policy.propose(NetworkModel(spec), Constraints(max_interventions=1), rng)
+        seen.add(tuple(proposal.intervention[a] for a in spec.action_names))
+    assert seen == {(0.5, 0.0, 0.0), (0.0, 0.0, 0.0)}  # the first uses two actions
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -26,8 +26,10 @@ FAST: dict[str, dict[str, Any]] = {
     },
     "eifn": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "max_seconds": 5.0},
     "gpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
+    "dgpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
+    "random": {},
 }
-POLICIES = ("mcbo", "eifn", "gpucb")
+POLICIES = ("mcbo", "eifn", "gpucb")  # the acquisition policies that take any reward
 
 
 def chain_spec(
