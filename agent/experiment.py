@@ -8,7 +8,16 @@ Round lifecycle:
 
     proposed --publish--> published --ack applied--> acked --all readings / timeout--> closed
                               |  \\--ack rejected--> rejected (budget released)
-                              \\--no ack after retries--> expired (budget released)
+                              \\--no ack by expires_at--> expired (budget released)
+
+Every action carries `expires_at`, the moment the agent gives up on it; devices must not apply
+it from then on. Should one do so anyway (an "applied" ack or readings for an expired round),
+the cost is charged again — past the budget if need be — and counted as a device overspend:
+the agent never spends beyond the budget by itself, and what a device did is recorded, not
+hidden.
+
+Before reserving, the agent checks what it will publish (the proposal clamped to the bounds)
+against the constraints, at the cost it recomputes itself: a policy's bug cannot overspend.
 
 Feedback join: a reading names its round and node. It is dropped as a duplicate when the store
 has already seen (device, node, seq) or the round already has that node; it teaches the model as
@@ -29,9 +38,10 @@ import structlog
 import torch
 
 from agent.regret import RegretTracker, regret_bound
+from agent.vetting import Vetted, Violation, vet
 from connectors.metrics import AgentMetrics
 from connectors.schemas import Ack, Action, Oracle, Reading
-from connectors.store import BudgetExceeded, Store
+from connectors.store import BudgetExceeded, RoundRow, Store
 from core.gp import LearnReport
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
@@ -132,7 +142,7 @@ class Experiment:
         spec: the experiment spec.
         store: the durable store (written before anything is acknowledged or published).
         metrics: the Prometheus series to update (optional in tests and benchmarks).
-        seed: seeds the policy's random numbers.
+        seed: seeds the policy's random numbers (None: the spec's `initial_design.seed`).
         clock: seconds since the epoch (injectable for tests).
         on_event: receives a `RoundEvent` for every lifecycle step.
     """
@@ -143,7 +153,7 @@ class Experiment:
         store: Store,
         *,
         metrics: AgentMetrics | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] = time.time,
         on_event: EventSink | None = None,
         device: str = "cpu",
@@ -157,6 +167,8 @@ class Experiment:
         self.model = NetworkModel(spec, device=device)
         self.policy: Policy = make_policy(spec.policy.name, spec, spec.policy.settings)
         self.explorer: Policy = RandomPolicy(spec)
+        if seed is None:
+            seed = spec.initial_design.seed
         self.rng = torch.Generator().manual_seed(seed)
         self.rounds: dict[int, LiveRound] = {}
         self._open: set[int] = set()  # numbers of rounds that may still be open
@@ -191,6 +203,8 @@ class Experiment:
         # Timers ran while the agent was down; they restart now, so that what the broker queued
         # for this session (acks, readings) is read before a round can expire or time out.
         now = self.clock()
+        with self.store.transaction():
+            expiries = self._renew_expiries(rows, now)
         for row in rows:
             status = RoundStatus(row.status)
             action = Action(
@@ -201,9 +215,12 @@ class Experiment:
                 kind=row.kind,
                 issued_at=row.proposed_at,
                 attempt=max(row.attempt, 1),
+                expires_at=expiries.get(row.round, row.expires_at),
             )
             if status in OPEN_STATUSES:
                 self._open.add(row.round)
+            # the model learns from what the device reported applied (clamped, say)
+            applied = row.applied if row.applied is not None else row.intervention
             self.rounds[row.round] = LiveRound(
                 number=row.round,
                 action=action,
@@ -211,7 +228,7 @@ class Experiment:
                 cost=row.cost,
                 acquisition=math.nan,
                 policy="(recovered)",
-                model_round=self.model.start_round(row.intervention),
+                model_round=self.model.start_round(applied),
                 status=status,
                 proposed_at=row.proposed_at,
                 published_at=now if row.attempt > 0 else None,
@@ -255,6 +272,28 @@ class Experiment:
             snapshot=snapshot.id if snapshot else None,
             budget_spent=self.budget_spent(),
         )
+
+    def _renew_expiries(self, rows: list[RoundRow], now: float) -> dict[int, float]:
+        """A new expiry window for every unacknowledged open round: round -> expires_at.
+
+        Like the ack timers, the window restarts with this life (so what the broker queued for
+        the session is read before the round can expire). Moving an expiry later is always
+        safe — the agent only waits longer before it releases the reservation — and it is
+        stored before the action is published again with it.
+        """
+        fresh = now + self._ack_window()
+        renewed = {}
+        for row in rows:
+            unacked = row.status in (RoundStatus.PROPOSED, RoundStatus.PUBLISHED)
+            if unacked and (row.expires_at is None or row.expires_at < fresh):
+                self.store.set_expires_at(self.name, row.round, fresh)
+                renewed[row.round] = fresh
+        return renewed
+
+    def _ack_window(self) -> float:
+        """How long an action may go unacknowledged: every ack timeout, retries included."""
+        schedule = self.spec.schedule
+        return schedule.ack_timeout_s * (schedule.ack_retries + 1)
 
     def _save_model_state(self) -> None:
         """Snapshot the GP state (hyperparameters, standardization) after a rebuild changed it."""
@@ -319,10 +358,13 @@ class Experiment:
         is gone stops rather than observe forever.
         """
         total = self.spec.constraints.budget_total
-        fixed = [a.cost for a in self.spec.actions if a.cost > 0]
-        if total is None or not fixed:
+        if total is None:
             return False
-        return total - self.budget_spent() < min(fixed) - 1e-12
+        spent = self.budget_spent()
+        if spent > total:  # a device applied an expired action: nothing is left
+            return True
+        fixed = [a.cost for a in self.spec.actions if a.cost > 0]
+        return bool(fixed) and total - spent < min(fixed) - 1e-12
 
     def next_deadline(self, now: float) -> float:
         """Seconds until something is due (an ack or round timeout, or the rate limit)."""
@@ -333,6 +375,8 @@ class Experiment:
                 deadlines.append(live.published_at + schedule.ack_timeout_s)
                 if live.retry_at is not None:
                     deadlines.append(live.retry_at)
+                if live.action.expires_at is not None:
+                    deadlines.append(live.action.expires_at)
             elif live.status is RoundStatus.ACKED and live.acked_at is not None:
                 deadlines.append(live.acked_at + schedule.round_timeout_s)
         can_start = self.in_flight < schedule.pipeline and not self.finished
@@ -353,29 +397,86 @@ class Experiment:
         constraints = Constraints.from_spec(self.spec, spent=self.budget_spent())
         try:
             proposal, chosen_by = self._ask(policy, constraints)
+            vetted, chosen_by = self._admissible(proposal, chosen_by, constraints)
         except NothingAffordable as reason:
             self._finish(f"nothing affordable: {reason}")
             return None
-        decision_s = time.perf_counter() - started
-        self._bound_regret(proposal.intervention)
-        return self._record(number, proposal, chosen_by, decision_s)
+        except Violation as violation:
+            self._finish(f"no admissible proposal: {violation}")
+            return None
+        policy_s = time.perf_counter() - started
+        self._bound_regret(vetted.intervention)
+        return self._record(number, proposal, vetted, chosen_by.name, policy_s)
 
-    def _ask(self, policy: Policy, constraints: Constraints) -> tuple[Proposal, str]:
-        """The policy's proposal and its name; should it fail (raise, or propose a NaN
+    def _ask(self, policy: Policy, constraints: Constraints) -> tuple[Proposal, Policy]:
+        """The policy's proposal and the policy; should it fail (raise, or propose a NaN
         value), the explorer's: a numerical accident in one acquisition never stops the service."""
         try:
             proposal = policy.propose(self.model, constraints, self.rng)
             bad = sorted(k for k, v in proposal.intervention.items() if math.isnan(v))
             if bad:
                 raise ValueError(f"{policy.name} proposed NaN for {bad}")
-            return proposal, policy.name
+            return proposal, policy
         except NothingAffordable:
             raise
         except Exception:
             if policy is self.explorer:
                 raise
             self.log.exception("policy.failed", policy=policy.name, fallback=self.explorer.name)
-            return self.explorer.propose(self.model, constraints, self.rng), self.explorer.name
+            return self.explorer.propose(self.model, constraints, self.rng), self.explorer
+
+    def _admissible(
+        self, proposal: Proposal, policy: Policy, constraints: Constraints
+    ) -> tuple[Vetted, Policy]:
+        """The proposal as it will be published, checked; else the explorer's, checked.
+
+        Defense in depth: the policies keep the constraints, and this check keeps them should a
+        policy not (a bug). A violating proposal is logged and counted, and the explorer
+        proposes instead, as for a failing policy.
+
+        Raises:
+            Violation: the explorer's proposal violates too (the round is not published).
+            ValueError: the explorer proposed an action the spec does not declare.
+        """
+        try:
+            return self._vet(proposal, constraints), policy
+        except Violation as violation:
+            self._refuse(policy, proposal, violation)
+            if policy is self.explorer:
+                if violation.reason == "unknown_action":
+                    raise ValueError(violation.detail) from None
+                raise
+        fallback = self.explorer.propose(self.model, constraints, self.rng)
+        try:
+            return self._vet(fallback, constraints), self.explorer
+        except Violation as violation:
+            self._refuse(self.explorer, fallback, violation)
+            if violation.reason == "unknown_action":
+                raise ValueError(violation.detail) from None
+            raise
+
+    def _vet(self, proposal: Proposal, constraints: Constraints) -> Vetted:
+        """`vet` of the proposal, logging every value the clamp moved."""
+        vetted = vet(self.spec, proposal.intervention, constraints)
+        for name, value in proposal.intervention.items():
+            if vetted.intervention[name] != value:
+                self.log.warning(
+                    "action.clamped", action=name, proposed=value, sent=vetted.intervention[name]
+                )
+        return vetted
+
+    def _refuse(self, policy: Policy, proposal: Proposal, violation: Violation) -> None:
+        self.log.warning(
+            "proposal.rejected",
+            policy=policy.name,
+            reason=violation.reason,
+            detail=violation.detail,
+            intervention=proposal.intervention,
+            reported_cost=proposal.cost,
+            fallback=None if policy is self.explorer else self.explorer.name,
+        )
+        if self.metrics:
+            self.metrics.proposal_rejected(self.name, violation.reason)
 
     def _bound_regret(self, intervention: dict[str, float]) -> None:
         """Add this round's model-based regret bound: UCB at the best candidate − LCB here."""
@@ -384,16 +485,21 @@ class Experiment:
             self.regret.add_upper_increment(*bound)
 
     def _record(
-        self, number: int, proposal: Proposal, policy: str, decision_s: float
+        self, number: int, proposal: Proposal, vetted: Vetted, policy: str, policy_s: float
     ) -> LiveRound | None:
         now = self.clock()
         action = Action.issue(
             self.name,
             number,
-            self._safe(proposal.intervention),
+            vetted.intervention,
             kind=self.spec.intervention,
             at=now,
+            expires_at=now + self._ack_window(),
         )
+        if not math.isclose(vetted.cost, proposal.cost, rel_tol=1e-9, abs_tol=1e-9):
+            self.log.warning(
+                "proposal.cost_corrected", round=number, reported=proposal.cost, cost=vetted.cost
+            )
         try:
             with self.store.transaction():
                 self.store.add_round(
@@ -401,13 +507,14 @@ class Experiment:
                     number,
                     action.action_id,
                     action.intervention,
-                    list(proposal.target_set),
-                    proposal.cost,
+                    list(vetted.target_set),
+                    vetted.cost,
                     self.spec.intervention,
                     now,
+                    expires_at=action.expires_at,
                 )
                 self.store.reserve(
-                    self.name, number, proposal.cost, self.spec.constraints.budget_total, now
+                    self.name, number, vetted.cost, self.spec.constraints.budget_total, now
                 )
         except BudgetExceeded as reason:
             self._finish(f"budget exhausted: {reason}")
@@ -415,8 +522,8 @@ class Experiment:
         live = LiveRound(
             number=number,
             action=action,
-            target_set=proposal.target_set,
-            cost=proposal.cost,
+            target_set=vetted.target_set,
+            cost=vetted.cost,
             acquisition=proposal.acquisition_value,
             policy=policy,
             model_round=self.model.start_round(action.intervention),
@@ -427,22 +534,21 @@ class Experiment:
         if self.spec.schedule.pipeline > 1:  # other rounds will be proposed before this returns
             live.pending = self.model.add_pending(live.intervention)
         if self.metrics:
-            self.metrics.observe_decision(self.name, decision_s)
+            self.metrics.observe_policy(self.name, policy_s)
             self._export_budget()
         self.log.info(
             "round.proposed",
             round=number,
             policy=policy,
             intervention=live.intervention,
-            cost=proposal.cost,
+            cost=vetted.cost,
             acquisition=proposal.acquisition_value,
-            decision_s=round(decision_s, 4),
+            policy_s=round(policy_s, 4),
+            expires_at=action.expires_at,
             diagnostics=_short(proposal.diagnostics),
         )
         self.on_event(
-            RoundEvent(
-                "proposed", self.name, number, live.intervention, decision_seconds=decision_s
-            )
+            RoundEvent("proposed", self.name, number, live.intervention, decision_seconds=policy_s)
         )
         return live
 
@@ -461,6 +567,8 @@ class Experiment:
         latency = None
         if first and self._last_close_at is not None:
             latency = now - self._last_close_at
+            if self.metrics:
+                self.metrics.observe_decision(self.name, latency)
         self.log.info(
             "round.published", round=number, attempt=live.action.attempt, decision_latency_s=latency
         )
@@ -486,6 +594,8 @@ class Experiment:
             return Verdict("rejected", "unknown_round")
         if live.status in (RoundStatus.ACKED, RoundStatus.CLOSED):
             return Verdict("duplicate")
+        if live.status is RoundStatus.EXPIRED and ack.status == "applied":
+            return self._applied_after_expiry(live, ack)
         if not live.is_open:
             return Verdict("late")
         now = self.clock()
@@ -495,15 +605,75 @@ class Experiment:
         if ack.status == "rejected":
             self._end(live, RoundStatus.REJECTED, now, f"device rejected: {ack.reason}")
             return Verdict("accepted")
+        applied = self._applied(live, ack)
         with self.store.transaction():
             self.store.set_round_status(self.name, live.number, RoundStatus.ACKED, now)
             self.store.settle(self.name, live.number, now)
+            if applied is not None:
+                self.store.set_applied(self.name, live.number, applied)
         live.status, live.acked_at = RoundStatus.ACKED, now
-        if ack.applied and ack.applied != live.action.intervention:
-            # the device applied something else (clamped, say): learn from what happened
-            self.model.history[live.model_round].intervention = dict(ack.applied)
+        if applied is not None:
+            self.model.history[live.model_round].intervention = applied
         self._maybe_close(live, now)
         return Verdict("accepted")
+
+    def _applied(self, live: LiveRound, ack: Ack) -> dict[str, float] | None:
+        """What the device applied, when it differs from the action (clamped, say) and names
+        only declared actions; None otherwise. The model learns from what happened."""
+        if not ack.applied or ack.applied == live.action.intervention:
+            return None
+        unknown = sorted(set(ack.applied) - set(self.spec.action_names))
+        if unknown:
+            self.log.warning(
+                "ack.applied_ignored", round=live.number, applied=ack.applied, unknown=unknown
+            )
+            return None
+        self.log.info(
+            "ack.applied_differs",
+            round=live.number,
+            sent=live.action.intervention,
+            applied=ack.applied,
+        )
+        return dict(ack.applied)
+
+    def _applied_after_expiry(self, live: LiveRound, ack: Ack) -> Verdict:
+        """An "applied" ack for a round the agent had given up on: the action happened, so it
+        is paid for (charged again, past the budget if need be) and the model learns it."""
+        if live.acked_at is not None:
+            return Verdict("duplicate")
+        now = self.clock()
+        applied = self._applied(live, ack)
+        with self.store.transaction():
+            charged = self.store.charge(self.name, live.number, now)
+            if applied is not None:
+                self.store.set_applied(self.name, live.number, applied)
+        live.acked_at = now
+        if applied is not None:
+            self.model.history[live.model_round].intervention = applied
+        if charged:
+            expires_at = live.action.expires_at
+            late = expires_at is not None and ack.at >= expires_at
+            self._overspent(live, "applied_after_expiry" if late else "ack_after_expiry", ack.at)
+        return Verdict("late")
+
+    def _overspent(self, live: LiveRound, reason: str, applied_at: float | None) -> None:
+        """Log and count a cost charged after its round expired (see `_applied_after_expiry`)."""
+        total = self.spec.constraints.budget_total
+        spent = self.budget_spent()
+        self.log.warning(
+            "budget.device_overspend",
+            round=live.number,
+            reason=reason,
+            cost=live.cost,
+            expires_at=live.action.expires_at,
+            applied_at=applied_at,
+            budget_spent=spent,
+            budget_total=total,
+            over_budget=total is not None and spent > total,
+        )
+        if self.metrics:
+            self.metrics.device_overspend(self.name, reason)
+        self._export_budget()
 
     def on_readings(self, readings: Iterable[Reading]) -> list[Verdict]:
         """Join a batch of readings: store them, then update the model once per round."""
@@ -546,21 +716,12 @@ class Experiment:
         if not stored:
             return Verdict("duplicate")
         fresh.setdefault(live.number, {})[reading.node] = reading.value
+        if live.status is RoundStatus.EXPIRED:
+            # readings of an action the agent had given up on: it was applied after all
+            if self.store.charge(self.name, live.number, now):
+                self._overspent(live, "readings_after_expiry", None)
+            return Verdict("late")
         return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")
-
-    def _safe(self, intervention: dict[str, float]) -> dict[str, float]:
-        """Only declared actions, clamped to their declared bounds: whatever a policy does, an
-        actuator never receives a value outside what the spec allows."""
-        safe = {}
-        for name, value in intervention.items():
-            if name not in self.spec.action_names:
-                raise ValueError(f"policy proposed an unknown action {name!r}")
-            low, high = self.spec.action(name).bounds
-            clamped = min(max(float(value), low), high)
-            if clamped != value:
-                self.log.warning("action.clamped", action=name, proposed=value, sent=clamped)
-            safe[name] = clamped
-        return safe
 
     def _implausible(self, node_name: str, value: float) -> str:
         """A reason to reject a value, else ''.
@@ -644,13 +805,17 @@ class Experiment:
         again: list[Action] = []
         for live in self.open_rounds:
             if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
+                expires_at = live.action.expires_at
+                if expires_at is not None and now >= expires_at:
+                    self._end(live, RoundStatus.EXPIRED, now, "no ack by expires_at")
+                    continue
                 retry = live.retry_at is not None and now >= live.retry_at
                 if now - live.published_at < schedule.ack_timeout_s and not retry:
                     continue
                 live.retry_at = None
-                if live.action.attempt > schedule.ack_retries:
+                if expires_at is None and live.action.attempt > schedule.ack_retries:
                     self._end(live, RoundStatus.EXPIRED, now, "no ack")
-                else:
+                else:  # until it expires, the action goes out again now and then
                     again.append(self.republish(live.number))
             elif (
                 live.status is RoundStatus.ACKED

@@ -182,11 +182,13 @@ class AgentService:
             self.experiments[spec.name] = Experiment(
                 spec,
                 store,
+                seed=spec.initial_design.seed,
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
             )
             self._inboxes[spec.name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)
 
     async def _serve(self) -> None:
@@ -281,6 +283,7 @@ class AgentService:
                     exp.mark_published(live.number)
                     continue
             if exp.finished and not exp.open_rounds:
+                self.metrics.set_finished(exp.name, True)
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
                 return
@@ -346,10 +349,11 @@ class AgentService:
         for item in batch:
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
-                # acknowledged may have been lost with it: publish it again, same id
+                # acknowledged may have been lost with it: publish it again, same id (unless it
+                # has expired: a device would refuse it, and `due` ends the round)
                 for live in exp.open_rounds:
                     earlier = live.published_at is not None and live.published_at < item.at
-                    if earlier and live.acked_at is None:
+                    if earlier and live.acked_at is None and not live.action.expired(time.time()):
                         await self._publish_action(exp, exp.republish(live.number))
                 continue
             decoded = self._decode(exp, item)

@@ -127,8 +127,16 @@ _V1: Final[tuple[str, ...]] = (
     "CREATE INDEX dead_letters_by_experiment ON dead_letters(experiment, id)",
 )
 
+# Version 2: what a device reported it applied (an ack's `applied`, when it differs from the
+# proposal: recovery replays it), and when the agent gives up on a round's action (protocol
+# `expires_at`). Rows of version 1 have neither (NULL): applied as proposed, no expiry sent.
+_V2: Final[tuple[str, ...]] = (
+    "ALTER TABLE rounds ADD COLUMN applied TEXT",  # JSON object node -> value, or NULL
+    "ALTER TABLE rounds ADD COLUMN expires_at REAL",  # unix seconds, or NULL
+)
+
 # MIGRATIONS[i] takes user_version i to i + 1.
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2]
 
 
 def schema_version() -> int:

@@ -35,6 +35,9 @@ MESSAGE_OUTCOMES: Final[tuple[MessageOutcome, ...]] = get_args(MessageOutcome)
 # Message kinds as labels: the topic kinds, the agent status, and "unknown" for input whose kind
 # could not be told (a foreign topic, say). A closed set keeps label cardinality bounded.
 MESSAGE_KINDS: Final = frozenset(EXPERIMENT_TOPIC_KINDS) | {"status", "unknown"}
+# How the agent learned that a device applied an action after its expiry (a closed set).
+DeviceOverspendReason = Literal["applied_after_expiry", "ack_after_expiry", "readings_after_expiry"]
+DEVICE_OVERSPEND_REASONS: Final[tuple[DeviceOverspendReason, ...]] = get_args(DeviceOverspendReason)
 
 # Bucket edges, roughly 1-2.5-5 (or 1-3) per decade over the range each duration lives in.
 GP_UPDATE_BUCKETS: Final[tuple[float, ...]] = (
@@ -83,7 +86,14 @@ class AgentMetrics:
         )
         self._decision = self._histogram(
             "cbo_decision_seconds",
-            "Last reading of a round to action published.",
+            "Decision latency: from the last reading that completed the previous round (or the "
+            "timeout that closed it) to the next action published.",
+            DECISION_BUCKETS,
+        )
+        self._policy = self._histogram(
+            "cbo_policy_seconds",
+            "Compute time of one proposal (the policy, or the explorer it fell back to); "
+            "a part of the decision latency.",
             DECISION_BUCKETS,
         )
         self._round_wait = self._histogram(
@@ -95,6 +105,25 @@ class AgentMetrics:
             "cbo_messages",
             "Incoming messages by kind and outcome; reason is set for rejected ones only.",
             ("experiment", "kind", "outcome", "reason"),
+            registry=self.registry,
+        )
+        self._proposals_rejected = Counter(
+            "cbo_proposals_rejected",
+            "Proposals the agent refused because what it would publish breaks a constraint "
+            "(a policy bug); reason: the constraint.",
+            ("experiment", "reason"),
+            registry=self.registry,
+        )
+        self._finished = self._gauge(
+            "cbo_experiment_finished",
+            "1 once the experiment has finished (round limit or budget), else 0.",
+        )
+        self._device_overspend = Counter(
+            "cbo_device_overspend",
+            "Actions a device applied after the agent had given up on them (their round "
+            "expired): charged to the ledger anyway, even past the budget; reason: how it "
+            "was learned.",
+            ("experiment", "reason"),
             registry=self.registry,
         )
 
@@ -130,8 +159,35 @@ class AgentMetrics:
         self._gp_update.labels(experiment).observe(seconds)
 
     def observe_decision(self, experiment: str, seconds: float) -> None:
-        """Decision latency: last reading of a round to action published."""
+        """Decision latency: the reading (or timeout) that closed a round to the next action
+        published."""
         self._decision.labels(experiment).observe(seconds)
+
+    def observe_policy(self, experiment: str, seconds: float) -> None:
+        """Compute time of one proposal (policy only, no I/O)."""
+        self._policy.labels(experiment).observe(seconds)
+
+    def proposal_rejected(self, experiment: str, reason: str) -> None:
+        """Count a proposal refused by the agent's own constraint check."""
+        self._proposals_rejected.labels(experiment, reason).inc()
+
+    def device_overspend(self, experiment: str, reason: DeviceOverspendReason) -> None:
+        """Count an action charged after its round expired (a device applied it anyway)."""
+        self._device_overspend.labels(experiment, reason).inc()
+
+    def register_experiment(self, experiment: str) -> None:
+        """Export an experiment's state and its zero counts of what should never happen.
+
+        A counter that first appears at 1 is invisible to `increase()`; starting the device
+        overspend counts at 0 lets an alert on their increase see the first one.
+        """
+        self.set_finished(experiment, False)
+        for reason in DEVICE_OVERSPEND_REASONS:
+            self._device_overspend.labels(experiment, reason)
+
+    def set_finished(self, experiment: str, finished: bool) -> None:
+        """Whether the experiment has finished (no more rounds will be proposed)."""
+        self._finished.labels(experiment).set(1.0 if finished else 0.0)
 
     def observe_round_wait(self, experiment: str, seconds: float) -> None:
         """How long a round waited for its feedback."""

@@ -2,7 +2,9 @@
 
 Every payload is a compact JSON object whose first two fields name its schema and version:
 ``{"schema": "cbo.reading", "version": 1, ...}``. The models below hold the other fields; the
-codec adds and checks the envelope. `decode` turns any bytes into a validated message or a
+codec adds and checks the envelope. A schema may be read in several versions (`READS`): an action
+is written as version 2 when it carries `expires_at` and as version 1 otherwise, and both are
+read. `decode` turns any bytes into a validated message or a
 `DecodeError` whose `reason` is a short, stable code fit for a metric label and a dead letter.
 
 Models are strict and closed: no type coercion ("3" is not a round), no unknown fields (typos
@@ -84,16 +86,31 @@ class MessageModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
     SCHEMA: ClassVar[str]
-    VERSION: ClassVar[int] = SCHEMA_VERSION
+    VERSION: ClassVar[int] = SCHEMA_VERSION  # the newest version, the one this code writes
+    READS: ClassVar[tuple[int, ...]] = (SCHEMA_VERSION,)  # every version `decode` accepts
+
+    def wire(self) -> tuple[int, dict[str, Any]]:
+        """The version this message is written in and its fields as JSON values."""
+        return self.VERSION, self.model_dump(mode="json")
+
+    @classmethod
+    def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
+        """Raise ValueError if `fields` do not belong to `version` (for schemas read in several)."""
 
 
 class Action(MessageModel):
     """agent → actuators: the intervention of one round.
 
     A re-publish (after a crash or a lost ack) keeps `action_id` and bumps `attempt`.
+    `expires_at` is when the agent gives up on the action and releases its budget: an actuator
+    must not apply it from then on (it acks "rejected" with reason "expired"). A re-publish may
+    carry a later `expires_at` (an agent restart gives it a new window), never an earlier one.
+    Version 2 added `expires_at`; an action without one is written (and read) as version 1.
     """
 
     SCHEMA: ClassVar[str] = "cbo.action"
+    VERSION: ClassVar[int] = 2
+    READS: ClassVar[tuple[int, ...]] = (1, 2)
 
     experiment: ExperimentId
     round: Round
@@ -102,6 +119,25 @@ class Action(MessageModel):
     kind: Literal["soft", "hard"]
     issued_at: UnixTime
     attempt: int = Field(ge=1)
+    expires_at: UnixTime | None = None
+
+    def wire(self) -> tuple[int, dict[str, Any]]:
+        fields = self.model_dump(mode="json")
+        if self.expires_at is None:
+            del fields["expires_at"]
+            return 1, fields
+        return 2, fields
+
+    @classmethod
+    def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
+        if version == 1 and "expires_at" in fields:
+            raise ValueError("expires_at: not a field of version 1 (send version 2)")
+        if version == 2 and fields.get("expires_at") is None:
+            raise ValueError("expires_at: required in version 2")
+
+    def expired(self, now: float) -> bool:
+        """Whether an actuator must refuse the action at `now` (unix seconds)."""
+        return self.expires_at is not None and now >= self.expires_at
 
     @classmethod
     def issue(
@@ -112,6 +148,7 @@ class Action(MessageModel):
         kind: Literal["soft", "hard"] = "hard",
         *,
         at: float | None = None,
+        expires_at: float | None = None,
     ) -> Action:
         """First attempt of a new action, with a fresh uuid4 `action_id`."""
         return cls(
@@ -122,10 +159,12 @@ class Action(MessageModel):
             kind=kind,
             issued_at=time.time() if at is None else at,
             attempt=1,
+            expires_at=expires_at,
         )
 
     def next_attempt(self, *, at: float | None = None) -> Action:
-        """The same action published again: same `action_id`, `attempt` + 1, new `issued_at`."""
+        """The same action published again: same `action_id`, `attempt` + 1, new `issued_at`
+        (and the same `expires_at`)."""
         issued_at = time.time() if at is None else at
         return self.model_copy(update={"attempt": self.attempt + 1, "issued_at": issued_at})
 
@@ -227,8 +266,9 @@ M = TypeVar("M", bound=MessageModel)
 
 def encode(message: MessageModel, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
     """Compact UTF-8 JSON with the schema envelope; EncodeError if over `max_bytes`."""
-    document = {"schema": message.SCHEMA, "version": message.VERSION}
-    document.update(message.model_dump(mode="json"))
+    version, fields = message.wire()
+    document: dict[str, Any] = {"schema": message.SCHEMA, "version": version}
+    document.update(fields)
     payload = json.dumps(
         document, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
@@ -266,8 +306,12 @@ def decode(
     if not isinstance(document, dict):
         raise DecodeError("not_an_object", f"top-level JSON value is {_json_type(document)}")
     model = _model_for(document)
-    _check_version(document, model)
+    version = _check_version(document, model)
     fields = {key: value for key, value in document.items() if key not in ("schema", "version")}
+    try:
+        model.check_version_fields(version, fields)
+    except ValueError as error:
+        raise DecodeError("invalid", f"{model.SCHEMA} version {version}: {error}") from None
     try:
         message = model.model_validate(fields)
     except ValidationError as error:
@@ -323,16 +367,18 @@ def _model_for(document: dict[str, Any]) -> type[MessageModel]:
     return MESSAGE_TYPES[schema]
 
 
-def _check_version(document: dict[str, Any], model: type[MessageModel]) -> None:
+def _check_version(document: dict[str, Any], model: type[MessageModel]) -> int:
     if "version" not in document:
         raise DecodeError("unsupported_version", f"{model.SCHEMA}: missing 'version' field")
     version = document["version"]
     # `type(...) is int` because True == 1 in Python and a bool is no version number.
-    if type(version) is not int or version != model.VERSION:
+    if type(version) is not int or version not in model.READS:
+        supported = ", ".join(map(str, model.READS))
         raise DecodeError(
             "unsupported_version",
-            f"{model.SCHEMA}: version {_shorten(repr(version))}, supported {model.VERSION}",
+            f"{model.SCHEMA}: version {_shorten(repr(version))}, supported {supported}",
         )
+    return version
 
 
 def _summarize(error: ValidationError, limit: int = 3) -> str:

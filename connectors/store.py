@@ -31,6 +31,9 @@ Budget ledger
     reserved (outstanding) + settled; a reservation that would take spent past the budget
     raises `BudgetExceeded` and writes nothing. A reservation written before a crash is still
     counted after it, so an action whose fate is unknown is paid for until it is resolved.
+    `charge` is the one write that ignores the budget: it records a cost that was spent anyway
+    (a device applied an action after its round expired and its reservation was released), so
+    the ledger tells the truth even when that truth is an overspend.
 
 Nothing here unpickles: specs and metadata are JSON, arrays are ``.npy`` blobs written and read
 with ``allow_pickle=False``.
@@ -137,6 +140,8 @@ class RoundRow:
     reason: str | None
     proposed_at: float
     status_at: float
+    applied: dict[str, float] | None = None  # what the device reported applied, if it differed
+    expires_at: float | None = None  # when the agent gives up on the action (None: none sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,9 +485,11 @@ class Store:
         cost: float,
         kind: str,
         at: float,
+        expires_at: float | None = None,
     ) -> bool:
         """Record a proposed action as round `round` (status "proposed", attempt 0).
 
+        `expires_at` is the action's expiry as published (None: the action carries none).
         Returns False, writing nothing, if this round already holds this `action_id` (a retry).
 
         Raises:
@@ -505,6 +512,7 @@ class Store:
         if kind not in ACTION_KINDS:
             raise StoreError(f"kind must be one of {ACTION_KINDS}, got {kind!r}")
         at = _time("at", at)
+        expires = None if expires_at is None else _time("expires_at", expires_at)
         where = f"add_round({experiment!r}, round {round})"
         with self._writing(where) as conn:
             self._require_experiment(conn, experiment)
@@ -520,9 +528,69 @@ class Store:
                 raise StoreError(f"{where}: action_id {action_id!r} already used by {other}")
             conn.execute(
                 "INSERT INTO rounds (experiment, round, action_id, intervention, target_set, "
-                "cost, kind, status, attempt, reason, proposed_at, status_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'proposed', 0, NULL, ?, ?)",
-                (experiment, round, action_id, _dumps(values), _dumps(targets), cost, kind, at, at),
+                "cost, kind, status, attempt, reason, proposed_at, status_at, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'proposed', 0, NULL, ?, ?, ?)",
+                (
+                    experiment,
+                    round,
+                    action_id,
+                    _dumps(values),
+                    _dumps(targets),
+                    cost,
+                    kind,
+                    at,
+                    at,
+                    expires,
+                ),
+            )
+        return True
+
+    def set_applied(self, experiment: str, round: int, applied: Mapping[str, float]) -> None:
+        """Record what a device reported it applied for the round (an ack's `applied`).
+
+        Raises:
+            StoreError: unknown round, or values that are not finite numbers.
+        """
+        round = _int("round", round)
+        if not isinstance(applied, Mapping):
+            raise StoreError(f"applied must be a mapping, got {type(applied).__name__}")
+        values = {
+            _text("applied node", k): _float(f"applied[{k!r}]", v) for k, v in applied.items()
+        }
+        with self._writing(f"set_applied({experiment!r}, round {round})") as conn:
+            self._require_round(conn, experiment, round)
+            conn.execute(
+                "UPDATE rounds SET applied = ? WHERE experiment = ? AND round = ?",
+                (_dumps(values), experiment, round),
+            )
+
+    def set_expires_at(self, experiment: str, round: int, expires_at: float) -> bool:
+        """Move the round's action expiry later (before publishing it with that expiry).
+
+        Returns False (nothing written) if it is already `expires_at`.
+
+        Raises:
+            StoreError: unknown round, or an earlier expiry than the stored one (a device may
+                hold the action with the stored expiry, and the agent keeps its promise to wait).
+        """
+        round = _int("round", round)
+        expires = _time("expires_at", expires_at)
+        with self._writing(f"set_expires_at({experiment!r}, round {round})") as conn:
+            self._require_round(conn, experiment, round)
+            (held,) = conn.execute(
+                "SELECT expires_at FROM rounds WHERE experiment = ? AND round = ?",
+                (experiment, round),
+            ).fetchone()
+            if held == expires:
+                return False
+            if held is not None and expires < held:
+                raise StoreError(
+                    f"set_expires_at({experiment!r}, round {round}): {expires!r} is earlier "
+                    f"than the published expiry {held!r}"
+                )
+            conn.execute(
+                "UPDATE rounds SET expires_at = ? WHERE experiment = ? AND round = ?",
+                (expires, experiment, round),
             )
         return True
 
@@ -788,6 +856,32 @@ class Store:
         """
         return self._ledger_move(experiment, round, "released", at)
 
+    def charge(self, experiment: str, round: int, at: float) -> bool:
+        """Settle the round's cost whatever the budget: the action was applied after all.
+
+        For a round whose action a device applied after the agent had given up on it (expired,
+        reservation released): its amount counts as spent again, even past `budget_total` — the
+        ledger records what happened. A still-reserved entry is settled as by `settle`. Returns
+        False (nothing written) if the entry is already settled.
+
+        Raises:
+            IllegalTransition: the round has no ledger entry.
+        """
+        round = _int("round", round)
+        at = _time("at", at)
+        with self._writing(f"charge({experiment!r}, round {round})") as conn:
+            held = self._ledger_entry(conn, experiment, round)
+            if held is None:
+                raise IllegalTransition("ledger", experiment, round, "unreserved", "charged")
+            if held[0] == "settled":
+                return False
+            conn.execute(
+                "UPDATE ledger SET state = 'settled', settled_at = ? "
+                "WHERE experiment = ? AND round = ?",
+                (at, experiment, round),
+            )
+        return True
+
     def _ledger_move(self, experiment: str, round: int, to: LedgerState, at: float) -> bool:
         round = _int("round", round)
         at = _time("at", at)
@@ -996,7 +1090,7 @@ class Store:
 
 _ROUND_COLUMNS: Final = (
     "experiment, round, action_id, intervention, target_set, cost, kind, status, attempt, "
-    "reason, proposed_at, status_at"
+    "reason, proposed_at, status_at, applied, expires_at"
 )
 _READING_COLUMNS: Final = (
     "id, experiment, round, node, value, seq, device_id, received_at, measured_at"
@@ -1011,6 +1105,7 @@ def _round_row(row: Sequence[Any]) -> RoundRow:
     values = list(row)
     values[3] = json.loads(values[3])
     values[4] = json.loads(values[4])
+    values[12] = None if values[12] is None else json.loads(values[12])
     return RoundRow(*values)
 
 
@@ -1035,7 +1130,7 @@ _EXPORT_QUERIES: Final = {
         "rounds",
         "experiment:str, round:int, action_id:str, kind:str, cost:float, status:str, "
         "attempt:int, reason:str, proposed_at:float, status_at:float, intervention:str, "
-        "target_set:str",
+        "target_set:str, applied:str, expires_at:float",
         "round",
     ),
     "readings": _export_query(

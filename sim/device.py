@@ -6,6 +6,9 @@ The device subscribes to ``{prefix}/{experiment}/action`` (QoS 1) and, for every
   ``{prefix}/{experiment}/deadletter`` with the reason code, and the device carries on;
 - an ``action_id`` it has applied before is acknowledged again with the very same ack and not
   applied again (no new readings), so a re-published action is harmless;
+- an action past its ``expires_at`` (the agent has given up on it and released its budget) is
+  not applied: the ack says "rejected" with reason "expired" (an action without one, protocol
+  version 1, never expires);
 - an action the environment refuses (unknown action, out of bounds, a target set it does not
   allow, the wrong kind of intervention) gets an ack with status "rejected" and the reason;
 - more than `max_in_flight` applied actions still waiting for their readings: the new action is
@@ -55,6 +58,7 @@ from sim.registry import make_environment
 log = structlog.get_logger(__name__)
 
 BUSY_REASON: Final = "busy"
+EXPIRED_REASON: Final = "expired"  # the agent gave up on the action: applying it would overspend
 WRONG_EXPERIMENT: Final = "wrong_experiment"  # dead-letter code: payload and topic disagree
 _RETRY_SAME_LINK_AFTER_S: Final = 1.0  # a publish that timed out on a live link is retried there
 
@@ -245,6 +249,9 @@ class SimulatorDevice:
         if known is not None:
             alog.info("device.action_duplicate", attempt=action.attempt, status=known.status)
             self._spawn(self._publish("ack", known, alog, "device.ack_published", again=True))
+            return
+        if action.expired(time.time()):
+            self._reject(action, EXPIRED_REASON, alog)
             return
         if len(self._in_flight) >= self.settings.max_in_flight:
             self._reject(action, BUSY_REASON, alog)

@@ -72,3 +72,44 @@ def test_a_changed_graph_is_refused(tmp_path):
         drive(Experiment(spec_with(), store), 2, seed=3)
     with Store(path) as store, pytest.raises(ValueError, match="different \\['model'\\]"):
         Experiment(spec_with(kernel="rbf"), store)
+
+
+def test_recovery_replays_what_a_clamping_device_applied(tmp_path):
+    """The device clamps u to [-0.3, 0.3] and says so in its ack; readings follow what it
+    applied. Restarted, the agent's model is the uninterrupted one — and both learned the
+    applied values, not the proposed ones."""
+    path = tmp_path / "agent.sqlite"
+    gen = torch.Generator().manual_seed(4)
+    spec = spec_with(refit_every=None, misfit_z=None)  # fixed hyperparameters: a quick test
+    rows = []
+    with Store(path) as store:
+        before = Experiment(spec, store, seed=4)
+        for number in range(10):
+            live = before.propose()
+            before.mark_published(number)
+            applied = {"u": max(-0.3, min(0.3, live.intervention["u"]))}
+            before.on_ack(ack(before, number).model_copy(update={"applied": applied}))
+            a = float(torch.rand(1, generator=gen))
+            values = {"A": a, "B": a + applied["u"], "C": 2 * (a + applied["u"])}
+            before.on_readings(
+                [
+                    reading(before, number, n, values[n], 10 * number + i)
+                    for i, n in enumerate("ABC")
+                ]
+            )
+            rows.append(applied)
+        history = before.model.history
+        clamped = sum(
+            history[r.model_round].intervention != r.intervention for r in before.rounds.values()
+        )
+        assert clamped >= 3  # the test means something: several proposals were clamped
+        assert store.get_round("join", 0).applied in (None, rows[0])
+        probe = torch.rand(3, 6, before.model.input_dim, dtype=torch.float64, generator=gen)
+        expected = before.model.gp.posterior(probe)
+    with Store(path) as store:
+        after = Experiment(spec, store, seed=4)
+        for number, applied in enumerate(rows):
+            assert after.model.history[after.rounds[number].model_round].intervention == applied
+        got = after.model.gp.posterior(probe)
+        torch.testing.assert_close(got.mean, expected.mean, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(got.variance, expected.variance, rtol=1e-9, atol=1e-9)

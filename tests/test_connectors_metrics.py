@@ -81,8 +81,17 @@ def test_scrape_shows_every_series_with_its_labels(
     metrics.message("exp1", "reading", "duplicate")
     metrics.message("exp1", "reading", "late")
     metrics.message("exp1", "reading", "rejected", reason="invalid")
+    metrics.proposal_rejected("exp1", "max_interventions")
+    metrics.device_overspend("exp1", "applied_after_expiry")
+    metrics.device_overspend("exp1", "applied_after_expiry")
 
     families = scrape(server)
+    refused = families["cbo_proposals_rejected"]
+    labels = {"experiment": "exp1", "reason": "max_interventions"}
+    assert value(refused, "cbo_proposals_rejected_total", **labels) == 1
+    overspend = families["cbo_device_overspend"]
+    labels = {"experiment": "exp1", "reason": "applied_after_expiry"}
+    assert value(overspend, "cbo_device_overspend_total", **labels) == 2
 
     rounds = families["cbo_rounds"]
     assert value(rounds, "cbo_rounds_total", experiment="exp1") == 3
@@ -115,12 +124,20 @@ def test_scrape_shows_every_series_with_its_labels(
     assert {s.labels["kind"] for s in messages} == {"reading"}
 
 
+def test_decision_latency_and_policy_time_say_what_they_measure(metrics: AgentMetrics) -> None:
+    helps = {family.name: family.documentation for family in metrics.registry.collect()}
+    assert helps["cbo_decision_seconds"].startswith("Decision latency: from the last reading")
+    assert "next action published" in helps["cbo_decision_seconds"]
+    assert helps["cbo_policy_seconds"].startswith("Compute time of one proposal")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("name", "observe", "buckets", "seconds"),
     [
         ("cbo_gp_update_seconds", AgentMetrics.observe_gp_update, GP_UPDATE_BUCKETS, 2e-4),
         ("cbo_decision_seconds", AgentMetrics.observe_decision, DECISION_BUCKETS, 0.3),
+        ("cbo_policy_seconds", AgentMetrics.observe_policy, DECISION_BUCKETS, 0.3),
         ("cbo_round_wait_seconds", AgentMetrics.observe_round_wait, ROUND_WAIT_BUCKETS, 4.0),
     ],
 )

@@ -58,6 +58,7 @@ actions = st.builds(
     kind=st.sampled_from(["soft", "hard"]),
     issued_at=unix_times,
     attempt=st.integers(min_value=1, max_value=1000),
+    expires_at=st.none() | unix_times,
 )
 acks = st.builds(
     Ack,
@@ -153,7 +154,9 @@ def test_encoded_payload_is_compact_strict_json_led_by_the_envelope(message: Mes
     document = json.loads(payload, parse_constant=_no_constants)
     assert list(document)[:2] == ["schema", "version"]
     assert document["schema"] == message.SCHEMA
-    assert document["version"] == 1
+    # version 1 everywhere, but an action with an expiry is version 2
+    expected = 2 if getattr(message, "expires_at", None) is not None else 1
+    assert document["version"] == expected == message.wire()[0]
     assert payload == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -182,6 +185,26 @@ def test_a_retried_action_keeps_its_id_and_counts_the_attempt(action: Action, at
     )
     assert retry.attempt == action.attempt + 1
     assert retry.issued_at == at
+    assert retry.expires_at == action.expires_at  # the agent's promise does not move
+
+
+def test_actions_are_read_in_version_1_and_2_and_each_version_has_its_fields() -> None:
+    action = Action.issue("exp", 3, {"x": 1.0}, at=100.0, expires_at=140.0)
+    document = document_of(action)
+    assert (document["version"], document["expires_at"]) == (2, 140.0)
+    assert decode(encode(action)).expired(139.9) is False
+    assert decode(encode(action)).expired(140.0) is True
+    old = {k: v for k, v in document.items() if k != "expires_at"} | {"version": 1}
+    legacy = decode(dumps(old), Action)  # a version 1 sender: no expiry, never expired
+    assert legacy.expires_at is None and not legacy.expired(1e12)
+    assert document_of(legacy) == old  # and what has no expiry is still written as version 1
+    assert reason_of(dumps({**old, "expires_at": 140.0})) == "invalid"  # not a v1 field
+    without = {k: v for k, v in document.items() if k != "expires_at"}
+    assert reason_of(dumps(without)) == "invalid"  # required in version 2
+    assert reason_of(dumps({**document, "expires_at": None})) == "invalid"
+    assert reason_of(dumps({**document, "version": 3})) == "unsupported_version"
+    reading = Reading(experiment="e", round=0, node="Y", value=1.0, seq=0, device_id="d", at=0.0)
+    assert reason_of(dumps({**document_of(reading), "version": 2})) == "unsupported_version"
 
 
 def test_issued_actions_get_distinct_ids() -> None:
@@ -294,7 +317,9 @@ def _extra_field(document: dict, fields: list[str], data: st.DataObject) -> tupl
 
 def _negative_counter(document: dict, fields: list[str], data: st.DataObject) -> tuple:
     counters_here = [
-        key for key in ("round", "seq", "attempt", "at", "issued_at") if key in document
+        key
+        for key in ("round", "seq", "attempt", "at", "issued_at", "expires_at")
+        if key in document
     ]
     document[data.draw(st.sampled_from(counters_here))] = data.draw(st.integers(max_value=-1))
     return dumps(document), "invalid"
@@ -314,7 +339,10 @@ def _missing_schema(document: dict, fields: list[str], data: st.DataObject) -> t
 
 
 def _unsupported_version(document: dict, fields: list[str], data: st.DataObject) -> tuple:
-    version = data.draw(json_values.filter(lambda value: not (type(value) is int and value == 1)))
+    reads = MESSAGE_TYPES[document["schema"]].READS
+    version = data.draw(
+        json_values.filter(lambda value: not (type(value) is int and value in reads))
+    )
     document["version"] = version
     return dumps(document), "unsupported_version"
 

@@ -519,6 +519,76 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
         assert store.schema_version == v1 + 1 and store.experiment_spec(EXP) == SPEC
 
 
+def test_a_version_1_store_is_migrated_and_its_rounds_read_back(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:  # a store at schema version 1, rows as v1 wrote them
+        patch.setattr(_store_schema, "MIGRATIONS", _store_schema.MIGRATIONS[:1])
+        with Store(db) as old:
+            old.upsert_experiment(EXP, SPEC)
+            assert old.schema_version == 1
+    raw = sqlite3.connect(db)
+    with raw:
+        for r in range(2):
+            raw.execute(
+                "INSERT INTO rounds VALUES (?, ?, ?, ?, '[\"X\"]', 1.0, 'hard', 'published', 1, "
+                "NULL, 1.0, 1.0)",
+                (EXP, r, f"a{r}", f'{{"X": {r / 2}}}'),
+            )
+        raw.execute(
+            "INSERT INTO ledger VALUES (?, 0, 1.0, 'reserved', 10.0, 1.0, NULL, NULL)", (EXP,)
+        )
+    raw.close()
+    with Store(db) as store:
+        assert store.schema_version == _store_schema.schema_version() == 2
+        first, _ = store.rounds(EXP)
+        assert (first.applied, first.expires_at, first.intervention) == (None, None, {"X": 0.0})
+        assert (first.status, first.attempt) == ("published", 1)
+        store.set_applied(EXP, 1, {"X": 0.25})
+        assert store.set_expires_at(EXP, 1, 50.0)
+        assert store.get_round(EXP, 1).applied == {"X": 0.25}
+        assert store.get_round(EXP, 1).expires_at == 50.0
+        assert store.ledger(EXP).reserved == 1.0
+
+
+def test_applied_interventions_and_expiries_are_stored(store: Store, tmp_path: Path) -> None:
+    assert store.add_round(EXP, 0, "a0", {"X": 2.0}, ["X"], 1.0, "hard", 1.0, expires_at=41.0)
+    assert store.get_round(EXP, 0).expires_at == 41.0 and store.get_round(EXP, 0).applied is None
+    store.set_applied(EXP, 0, {"X": 1.5})  # the device clamped
+    assert not store.set_expires_at(EXP, 0, 41.0)  # the same: nothing written
+    assert store.set_expires_at(EXP, 0, 60.0)  # later (a restart renews the window)
+    with pytest.raises(StoreError, match=r"earlier than the published expiry 60\.0"):
+        store.set_expires_at(EXP, 0, 59.0)  # a device may hold the action until 60
+    with pytest.raises(StoreError, match="must be finite"):
+        store.set_applied(EXP, 0, {"X": math.nan})
+    with pytest.raises(StoreError, match="unknown round 9"):
+        store.set_applied(EXP, 9, {"X": 1.0})
+    row = store.get_round(EXP, 0)
+    assert (row.intervention, row.applied, row.expires_at) == ({"X": 2.0}, {"X": 1.5}, 60.0)
+    rounds = store.export(EXP, tmp_path / "out", "csv")[EXPORT_TABLES.index("rounds")]
+    with rounds.open(newline="") as handle:
+        (exported,) = csv.DictReader(handle)
+    assert (exported["applied"], exported["expires_at"]) == ('{"X":1.5}', "60.0")
+
+
+def test_charge_records_a_cost_spent_after_release_even_past_the_budget(store: Store) -> None:
+    add_rounds(store, 3, cost=2.0)
+    assert store.reserve(EXP, 0, 2.0, 3.0, 1.0)
+    assert store.release(EXP, 0, 2.0)  # the round expired
+    assert store.reserve(EXP, 1, 2.0, 3.0, 3.0)  # its budget went to another round
+    assert store.settle(EXP, 1, 4.0)
+    assert store.charge(EXP, 0, 5.0)  # ... and the device applied round 0 after all
+    assert not store.charge(EXP, 0, 6.0)  # once
+    totals = store.ledger(EXP)
+    assert (totals.settled, totals.released, totals.spent) == (4.0, 0.0, 4.0)  # 4 of 3
+    entry = store.ledger_entries(EXP)[0]
+    assert (entry.state, entry.released_at, entry.settled_at) == ("settled", 2.0, 5.0)
+    with pytest.raises(BudgetExceeded):  # nothing more is reserved
+        store.reserve(EXP, 2, 0.0, 3.0, 7.0)
+    with pytest.raises(IllegalTransition, match="'unreserved' to 'charged'"):
+        store.charge(EXP, 2, 7.0)
+
+
 def test_newer_foreign_or_corrupt_files_are_refused(tmp_path: Path) -> None:
     newer = tmp_path / "newer.db"
     Store(newer).close()

@@ -242,6 +242,36 @@ async def test_a_repeated_action_id_is_acked_again_but_applied_once(
 
 
 @pytest.mark.integration
+async def test_an_expired_action_is_refused_and_one_applied_in_time_is_acked_again(
+    mosquitto: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = ToyGraph()
+    steps = count_steps(env, monkeypatch)
+    now = time.time()
+    expired = Action.issue(EXPERIMENT, 0, {"do_X1": 1.0}, expires_at=now - 1.0)
+    legacy = action(1, {"do_X0": 0.5})  # protocol version 1: no expires_at, never expires
+    soon = Action.issue(EXPERIMENT, 2, {"do_X1": 2.0}, expires_at=now + 1.0)
+    assert encode(legacy).startswith(b'{"schema":"cbo.action","version":1,')
+    async with observing(mosquitto.port) as observer, running(env, mosquitto.port, settings()):
+        for message in (expired, legacy, soon):
+            await observer.publish(message)
+        await observer.wait_for(readings_done(observer, env, 1))
+        await observer.wait_for(readings_done(observer, env, 2))
+        await asyncio.sleep(max(0.0, soon.expires_at - time.time()) + 0.05)
+        await observer.publish(soon.next_attempt())  # expired now, but applied in time
+        await observer.wait_for(lambda: len(observer.of("ack", 2)) == 2)
+
+    (refused,) = observer.of("ack", 0)
+    assert (refused.status, refused.reason, refused.applied) == ("rejected", "expired", {})
+    assert observer.of("reading", 0) == [] and observer.of("oracle", 0) == []
+    assert [ack.status for ack in observer.of("ack", 1)] == ["applied"]
+    first, again = observer.of("ack", 2)
+    assert first == again and first.status == "applied"  # the same ack: the id is known
+    assert len(observer.of("reading", 2)) == len(env.node_names)
+    assert steps[0] == 2  # rounds 1 and 2, once each
+
+
+@pytest.mark.integration
 async def test_invalid_actions_are_rejected_with_a_reason_and_no_readings(
     mosquitto: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
