@@ -17,8 +17,10 @@ import yaml
 from rich.console import Console
 
 from agent.bench import _episode, regret
+from agent.bench._episode import plain
 from agent.cli import main
 from agent.paths import EXAMPLES_ENV_VAR, examples_dir
+from core.spec import load_spec
 from policies.base import Constraints
 from policies.registry import policy_names
 from sim.registry import environment_names, make_environment
@@ -43,6 +45,7 @@ RUN_FIELDS = {
     "budget",
     "spent",
     "initial_design",
+    "initial_design_source",
     "initial_design_seconds",
     "history",
     "metrics",
@@ -124,7 +127,10 @@ def test_run_json_records_every_round(tiny):
         assert set(run) == RUN_FIELDS
         assert run["status"] == "ok" and run["error"] is None
         env = make_environment(run["env"], run["seed"])
-        assert len(run["initial_design"]) == len(env.initial_design(run["seed"]))
+        # no constraints in these specs: the paper's design, charged like every round
+        assert run["initial_design_source"] == "paper"
+        paper = env.initial_design(run["seed"])
+        assert [r["intervention"] for r in run["initial_design"]] == plain(paper)
         assert [r["round"] for r in run["history"]] == list(range(1, ROUNDS + 1))
         for record in run["history"]:
             assert set(record) == ROUND_FIELDS
@@ -132,7 +138,9 @@ def test_run_json_records_every_round(tiny):
             assert record["expected_reward"] == pytest.approx(oracle)
             assert record["regret"] == pytest.approx(env.optimum.value - oracle)
             assert record["decision_seconds"] > 0 and record["update_seconds"] > 0
-        assert run["spent"] == pytest.approx(sum(r["cost"] for r in run["history"]))
+        rounds = [*run["initial_design"], *run["history"]]
+        assert run["spent"] == pytest.approx(sum(r["cost"] for r in rounds))
+        assert not [r for r in rounds if "violations" in r]
 
 
 def test_summary_metrics_recompute_from_the_run_records(tiny):
@@ -182,6 +190,12 @@ def test_resuming_skips_finished_runs(tiny, tmp_path):
     assert (partly.ran, partly.loaded) == (1, 3) and removed.exists()
     assert all(p.stat().st_mtime_ns == t for p, t in before.items() if p != removed)
 
+    older = out / "runs" / "dropwave" / "random" / "seed0.json"
+    older.write_text(json.dumps({**json.loads(older.read_text()), "version": 1}))
+    stale = regret.run(ENVS, ["random"], SEEDS, ROUNDS, out, workers=1, console=quiet())
+    assert (stale.ran, stale.loaded) == (1, 3)  # a run of an older version is redone
+    assert json.loads(older.read_text())["version"] == _episode.RUN_VERSION
+
     with pytest.raises(regret.BadArguments, match="--force"):
         regret.run(ENVS, ["random"], SEEDS, ROUNDS + 1, out, workers=1, console=quiet())
     forced = regret.run(["dropwave"], ["random"], 1, ROUNDS, out, force=True, console=quiet())
@@ -230,29 +244,86 @@ def examples(tmp_path, monkeypatch):
 
 
 def test_a_budget_stops_the_run_and_the_row_reports_it(examples, tmp_path):
+    """The paper design (14 rounds, 4 observational) breaks these target sets, so the explorer
+    draws 14 rounds at cost 1 each: 14 of the 16.5 spent before the policy's first round."""
+
     def budgeted(data):
         data["target_sets"] = [["do_X0"], ["do_X1"]]  # every round costs 1
+        data["constraints"] = {"budget_total": 16.5}
+
+    examples("toygraph", budgeted)
+    regret.run(["toygraph"], ["random"], 1, 5, tmp_path / "out", workers=1, console=quiet())
+    run = json.loads((tmp_path / "out/runs/toygraph/random/seed0.json").read_text())
+    assert run["initial_design_source"] == "random explorer"
+    assert [r["cost"] for r in run["initial_design"]] == [1.0] * 14
+    assert run["status"] == "stopped" and run["stop_reason"].startswith("round 3:")
+    assert len(run["history"]) == 2 and run["metrics"]["rounds_completed"] == 2
+    assert [r["spent"] for r in run["history"]] == [15.0, 16.0]
+    row = json.loads((tmp_path / "out/summary.json").read_text())["rows"][0]
+    assert (row["budget"], row["max_budget_spent"]) == (16.5, 16.0)
+    assert (row["seeds"], row["seeds_stopped_early"], row["violations"]) == (1, 1, 0)
+
+
+def test_an_initial_design_the_budget_cannot_pay_for_stops_the_run(examples, tmp_path):
+    def budgeted(data):
+        data["target_sets"] = [["do_X0"], ["do_X1"]]
         data["constraints"] = {"budget_total": 2.5}
 
     examples("toygraph", budgeted)
     regret.run(["toygraph"], ["random"], 1, 5, tmp_path / "out", workers=1, console=quiet())
     run = json.loads((tmp_path / "out/runs/toygraph/random/seed0.json").read_text())
-    assert run["status"] == "stopped" and "round 3" in run["stop_reason"]
-    assert len(run["history"]) == 2 and run["metrics"]["rounds_completed"] == 2
+    assert run["status"] == "stopped"
+    assert run["stop_reason"].startswith("initial design round 3:")
+    assert (len(run["initial_design"]), run["history"], run["spent"]) == (2, [], 2.0)
     row = json.loads((tmp_path / "out/summary.json").read_text())["rows"][0]
-    assert (row["budget"], row["max_budget_spent"]) == (2.5, 2.0)
-    assert (row["seeds"], row["seeds_stopped_early"], row["violations"]) == (1, 1, 0)
+    assert (row["budget"], row["max_budget_spent"], row["violations"]) == (2.5, 2.0, 0)
+    assert (row["seeds"], row["seeds_stopped_early"]) == (0, 1)
+
+
+def test_alpine2_budget_charges_and_checks_its_initial_design(tmp_path):
+    """The paper design of Alpine2 sets all six nodes at cost 6 for 14 rounds (84), against at
+    most 2 interventions, a cap of 2 per round and 120 in all: the explorer replaces it, every
+    round is charged, and nothing breaks the spec, across policies that share the design."""
+    env = make_environment("alpine2-budget", 0)
+    paper = env.initial_design(0)
+    assert max(sum(v != 0 for v in a.values()) for a in paper) == 6
+
+    out = tmp_path / "out"
+    regret.run(["alpine2-budget"], ["random", "gpucb"], 1, 3, out, workers=1, console=quiet())
+    designs, policy_spent = [], {}
+    for policy in ("random", "gpucb"):
+        run = json.loads((out / f"runs/alpine2-budget/{policy}/seed0.json").read_text())
+        design = run["initial_design"]
+        assert run["status"] == "ok" and len(design) == len(paper)
+        rounds = [*design, *run["history"]]
+        for record in rounds:
+            assert sum(v != 0 for v in record["intervention"].values()) <= 2
+            assert record["cost"] <= 2.0 and "violations" not in record
+        spent = np.cumsum([r["cost"] for r in rounds])
+        assert run["spent"] == pytest.approx(spent[-1]) and spent[-1] <= 120
+        assert [r["spent"] for r in rounds] == pytest.approx(spent)
+        assert run["initial_design_source"] == "random explorer"
+        designs.append([r["intervention"] for r in design])
+        policy_spent[policy] = (spent[-1], sum(r["cost"] for r in run["history"]))
+    assert designs[0] == designs[1]  # the design depends on the seed, not on the policy
+    summary = json.loads((out / "summary.json").read_text())
+    for row in summary["rows"]:
+        assert row["violations"] == 0 and row["budget"] == 120.0
+        total, in_policy_rounds = policy_spent[row["policy"]]
+        assert row["max_budget_spent"] == pytest.approx(total)
+        assert total > in_policy_rounds  # the design is charged too
 
 
 def test_violations_name_each_broken_constraint(examples):
-    from core.spec import load_spec
-
     examples("toygraph", lambda d: d.update(constraints={"budget_total": 2.5}))
     spec = load_spec(examples_dir() / "toygraph.yaml")
     limits = Constraints(budget_remaining=0.5)
     problems = _episode.violations(spec, limits, {"do_X0": 1.0}, 1.0, 3.0)
     assert problems == ["cost 1 > round cap 0.5", "spent 3 > total budget 2.5"]
     assert _episode.violations(spec, Constraints(), {"do_X0": 1.0}, 1.0, 1.0) == []
+    both = {"do_X0": 1.0, "do_X1": 2.0}
+    problems = _episode.violations(spec, Constraints(), both, 2.0, 2.0)
+    assert problems == ["target set ['do_X0', 'do_X1'] not allowed"]
 
 
 def test_settings_come_from_the_spec_and_the_command_line(examples):

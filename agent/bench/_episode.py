@@ -20,12 +20,13 @@ import torch
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, load_spec
 from policies.base import Constraints, NothingAffordable
+from policies.random_search import RandomPolicy
 from policies.registry import make_policy
 from sim.base import Environment
 from sim.registry import make_environment
 
 RUN_SCHEMA = "cbo-agent/bench-regret-run"
-RUN_VERSION = 1
+RUN_VERSION = 2  # 2: the initial design is charged, checked, and kept within the spec
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,15 @@ class RunConfig:
         return {k: v for k, v in asdict(self).items() if k != "spec"}
 
 
-def seed_streams(seed: int) -> tuple[int, int, int]:
-    """Independent seeds for the environment's noise, the policy's generator and torch's global
-    generator (which BoTorch's optimizers draw restarts from), spawned from one run seed.
+def seed_streams(seed: int) -> tuple[int, int, int, int]:
+    """Independent seeds for the environment's noise, the policy's generator, torch's global
+    generator (which BoTorch's optimizers draw restarts from) and the random explorer's initial
+    design, spawned from one run seed (the first three as before the fourth was added).
 
     The noise stream depends on the seed only, so every policy meets the same noise draws.
     """
-    noise, policy, global_ = np.random.SeedSequence(seed).generate_state(3)
-    return int(noise), int(policy), int(global_)
+    noise, policy, global_, design = np.random.SeedSequence(seed).generate_state(4)
+    return int(noise), int(policy), int(global_), int(design)
 
 
 def plain(value: Any) -> Any:
@@ -86,6 +88,7 @@ def skeleton(config: RunConfig, error: str | None = None) -> dict[str, Any]:
         "budget": None,
         "spent": 0.0,
         "initial_design": [],
+        "initial_design_source": None,
         "initial_design_seconds": None,
         "history": [],
         "metrics": None,
@@ -110,7 +113,7 @@ def play(config: RunConfig) -> dict[str, Any]:
 
 
 def _play(config: RunConfig, payload: dict[str, Any]) -> None:
-    noise_seed, policy_seed, global_seed = seed_streams(config.seed)
+    noise_seed, policy_seed, global_seed, design_seed = seed_streams(config.seed)
     torch.manual_seed(global_seed)
     noise = torch.Generator().manual_seed(noise_seed)
     rng = torch.Generator().manual_seed(policy_seed)
@@ -126,9 +129,10 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
         budget=spec.constraints.budget_total,
     )
 
-    _initial_design(env, model, config.seed, noise, payload)
-
-    spent = 0.0
+    design = torch.Generator().manual_seed(design_seed)
+    spent = _initial_design(env, spec, model, config.seed, noise, design, payload)
+    if spent is None:
+        return
     for t in range(1, config.rounds + 1):
         constraints = Constraints.from_spec(spec, spent)
         start = time.perf_counter()
@@ -165,18 +169,59 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
 
 def _initial_design(
     env: Environment,
+    spec: ExperimentSpec,
     model: NetworkModel,
     seed: int,
     noise: torch.Generator,
+    design: torch.Generator,
     payload: dict[str, Any],
-) -> None:
-    """Play and learn the paper's initial design (not charged to the budget, not in metrics)."""
+) -> float | None:
+    """Play and learn the initial design, charged and checked like any round (not in metrics).
+
+    The paper's design when it keeps the spec's constraints (all paper environments' specs);
+    otherwise as many rounds drawn by the random explorer within them, as the agent service
+    does (agent/experiment.py) — alpine2-budget's paper design sets all six nodes at cost 6.
+    `design` draws the explorer's rounds, so every policy of a seed meets the same design.
+    Returns the budget spent, or None when the design stopped the run (nothing affordable).
+    """
     start = time.perf_counter()
-    for intervention in env.initial_design(seed):
+    paper = env.initial_design(seed)
+    explorer = RandomPolicy(spec) if design_problems(env, spec, paper) else None
+    payload["initial_design_source"] = "paper" if explorer is None else "random explorer"
+    spent = 0.0
+    for k, planned in enumerate(paper, start=1):
+        constraints = Constraints.from_spec(spec, spent)
+        intervention = planned
+        if explorer is not None:
+            try:
+                intervention = explorer.propose(model, constraints, design).intervention
+            except NothingAffordable as reason:
+                payload.update(status="stopped", stop_reason=f"initial design round {k}: {reason}")
+                return None
         readings = env.step(intervention, noise)
         model.learn(intervention, readings)
-        payload["initial_design"].append(_reading(env, intervention, readings))
+        record = _reading(env, intervention, readings)
+        spent += record["cost"]
+        payload["spent"] = record["spent"] = spent
+        problems = violations(spec, constraints, intervention, record["cost"], spent)
+        if problems:
+            record["violations"] = problems
+        payload["initial_design"].append(record)
     payload["initial_design_seconds"] = time.perf_counter() - start
+    return spent
+
+
+def design_problems(
+    env: Environment, spec: ExperimentSpec, design: Sequence[Mapping[str, float]]
+) -> list[str]:
+    """What the spec's constraints would object to in `design`, played in order and charged."""
+    problems, spent = [], 0.0
+    for intervention in design:
+        constraints = Constraints.from_spec(spec, spent)
+        cost = env.cost(intervention)
+        spent += cost
+        problems += violations(spec, constraints, intervention, cost, spent)
+    return problems
 
 
 def _reading(
@@ -198,12 +243,14 @@ def violations(
     cost: float,
     spent: float,
 ) -> list[str]:
-    """Constraints a played round broke (the benchmark checks policies, it does not trust them)."""
+    """Constraints a played round broke (the benchmark checks policies, it does not trust them):
+    cardinality, per-round cap, total budget and, for hard interventions, the target set."""
     used = (
         len(intervention)
         if spec.intervention == "hard"
         else sum(v != 0 for v in intervention.values())
     )
+    allowed = [set(s) for s in spec.allowed_target_sets()]
     problems = []
     limits = spec.constraints
     if limits.max_interventions is not None and used > limits.max_interventions:
@@ -212,6 +259,8 @@ def violations(
         problems.append(f"cost {cost:g} > round cap {constraints.round_cap:g}")
     if limits.budget_total is not None and spent > limits.budget_total * (1 + 1e-9):
         problems.append(f"spent {spent:g} > total budget {limits.budget_total:g}")
+    if spec.intervention == "hard" and set(intervention) not in allowed:
+        problems.append(f"target set {sorted(intervention)} not allowed")
     return problems
 
 

@@ -2,8 +2,10 @@
 
 For each (environment, policy, seed): a fresh environment `make_environment(env, seed)`, its spec
 `examples/<env>.yaml`, a `NetworkModel(spec)` and the policy with the spec's own settings when it
-is the spec's policy (else none), overridden by `--setting`. The environment's paper initial
-design is played and learned first; then R policy rounds: propose under
+is the spec's policy (else none), overridden by `--setting`. An initial design is played and
+learned first: the environment's paper design, or — when that breaks the spec's constraints
+(alpine2-budget's sets all six nodes) — as many rounds drawn by the random explorer within them,
+as the agent service does. Then R policy rounds: propose under
 `Constraints.from_spec(spec, spent)`, step the environment, learn, record. The same seed gives
 every policy the same environment instance, initial design and noise stream.
 
@@ -19,17 +21,18 @@ nothing was affordable). Per (env, policy): mean over seeds and standard error
 SE = sample std (ddof 1) / √seeds; failed runs are left out and counted. Curves in the plots are
 mean ± 1 SE over the runs that reached round t.
 
-Budget: `spent` sums env.cost over the policy rounds, the quantity `Constraints.from_spec`
-receives; the paper's initial design is not charged against the total budget (its cost is in the
-run JSON). A policy raising NothingAffordable ends its run early with status "stopped". Every
-played round is checked against cardinality, per-round cap and total budget; breaches are listed
-per round ("violations") and counted per row.
+Budget: `spent` sums env.cost over every played round, initial design included, the quantity
+`Constraints.from_spec` receives. A policy (or the explorer, during the design) raising
+NothingAffordable ends its run early with status "stopped". Every played round, design rounds
+included, is checked against cardinality, per-round cap, total budget and (hard interventions)
+the allowed target sets; breaches are listed per round ("violations") and counted per row.
 
 Outputs in DIR:
     runs/<env>/<policy>/seed<k>.json   one run (schema cbo-agent/bench-regret-run): the config
         (env, policy, seed, rounds, settings, spec), status ok|stopped|failed, stop_reason,
         error, traceback, optimum, optimum_intervention, budget, spent, initial_design
-        [{intervention, cost, reward, expected_reward}], initial_design_seconds, history
+        [{intervention, cost, reward, expected_reward, spent, violations?}],
+        initial_design_source (paper | random explorer), initial_design_seconds, history
         [{round, intervention, target_set, cost, spent, reward, expected_reward, regret,
         acquisition_value, decision_seconds, update_seconds, diagnostics, violations?}],
         metrics {rounds_completed, average_reward, best_reward, cumulative_regret,
@@ -70,7 +73,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agent.bench._episode import RunConfig, curves, plain, play, skeleton
+from agent.bench._episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
 from agent.bench.report import (
     machine_info,
     markdown_table,
@@ -251,7 +254,8 @@ def _key(run: RunConfig | Mapping[str, Any]) -> tuple[str, str, int]:
 
 
 def _load_finished(configs: Sequence[RunConfig], out: Path) -> dict[tuple, dict[str, Any]]:
-    """Saved runs that can be reused: same config, not failed. Unreadable files are re-run."""
+    """Saved runs that can be reused: same config and version, not failed. Unreadable files and
+    runs of an older version (RUN_VERSION) are re-run."""
     found = {}
     for config in configs:
         path = run_path(out, *_key(config))
@@ -265,8 +269,8 @@ def _load_finished(configs: Sequence[RunConfig], out: Path) -> dict[tuple, dict[
                 f"{path} was run with {saved}, not {plain(config.identity())}; "
                 "use --force to redo it or another --out"
             )
-        if payload.get("status") != "failed":
-            found[_key(config)] = payload
+        if payload.get("status") != "failed" and payload.get("version") == RUN_VERSION:
+            found[_key(config)] = payload  # an older version is re-run, not reused
     return found
 
 
@@ -380,7 +384,11 @@ def _row(env: str, policy: str, group: Sequence[Mapping[str, Any]]) -> dict[str,
     row["optimum"] = _mean([p["optimum"] for p in group if p.get("optimum") is not None])
     row["seeds_failed"] = sum(p["status"] == "failed" for p in group)
     row["seeds_stopped_early"] = sum(p["status"] == "stopped" for p in group)
-    row["violations"] = sum(len(r.get("violations", [])) for p in group for r in p["history"])
+    row["violations"] = sum(
+        len(r.get("violations", []))
+        for p in group
+        for r in [*p.get("initial_design", []), *p["history"]]
+    )
     budgets = {p["budget"] for p in group if p.get("budget") is not None}
     if budgets:
         row["budget"] = max(budgets)
@@ -551,7 +559,9 @@ noiseless expected reward of the intervention played in round t:
 The table gives each run's value at its last round (R, or earlier when the policy found nothing
 affordable; see "stopped"), averaged over seeds, with SE = sample std / √seeds. Failed runs are
 left out and counted. Plots show mean ± 1 SE over the runs that reached round t. Budget: spent
-sums the cost of the policy rounds; the initial design is not charged.
+sums the cost of every round, the initial design included; where the paper's design breaks the
+spec's constraints (alpine2-budget) the design is drawn by the random explorer within them.
+"violations" counts rounds, design included, that broke cardinality, a cap or the budget.
 """
 
 
