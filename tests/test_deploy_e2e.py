@@ -3,8 +3,14 @@
 The tests' own Mosquitto runs with the compose stack's ACL and a password file made by the
 stack's own script; the agent and the simulator run as the CLI subprocesses the containers run,
 configured through the same environment variables; Prometheus runs with the shipped config
-(scrape interval 1 s, targets on loopback) and the shipped alert rules. Then every PromQL query
-of the Grafana dashboard must return data, and every alert rule must evaluate without error.
+(scrape interval 1 s, targets on loopback) and the shipped alert rules. Then:
+
+- every PromQL query of the Grafana dashboard returns finite data;
+- every alert rule's expression without its threshold comparisons returns data, and each rule
+  whose condition is cheap to bring about returns data under it (queried directly, so `for:`
+  durations do not matter): CboBudgetNearlySpent with the spec's tiny budget, CboNoReadings
+  evaluated 10 minutes ahead (10 minutes in which no reading arrived), CboAgentDown once the
+  agent is stopped; Prometheus's own evaluation of every rule reports no error.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -42,33 +49,77 @@ from tests.test_deploy import (
     concrete_promql,
     dashboard_expressions,
     healthcheck_command,
-    metric_names,
 )
 
 EXPERIMENT = "dropwave"
 STARTUP_S = 30.0  # the agent and the simulator import torch; two cores do both at once
 DATA_S = 30.0  # from ready to every dashboard query returning data
 STOP_S = 10.0
-# Exported only where no simulator oracle exists, and not yet fed by the runtime: its queries
-# must evaluate, and must return data as soon as the agent exports the series.
-ONLY_WITHOUT_ORACLE = {"cbo_regret_upper_estimate"}
+DOWN_S = 15.0  # agent stopped -> a failed scrape (every 1 s) -> up == 0
+# The spec's budget: action a0 costs 1, a1 costs A1_COST. Two rounds with a0 leave
+# BUDGET_TOTAL - 2 (< 10 %: CboBudgetNearlySpent's condition), which pays for a1-only rounds
+# for far longer than the test runs, so the agent keeps running with its budget nearly spent.
+BUDGET_TOTAL = 2.15
+A1_COST = 1e-4
+# CboNoReadings compares with 10 minutes ago: evaluated this far ahead, nothing arrived since.
+NO_READINGS_AHEAD_S = 600.0 + 10.0
+_THRESHOLD = re.compile(
+    r"\s*(?:==|!=|>=|<=|>|<)\s*(?:bool\s+)?[-+]?(?:Inf|NaN|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\b",
+    re.IGNORECASE,
+)
 
 
-def cbo_agent_executable() -> str:
+def cbo_agent_command() -> list[str]:
+    """The installed `cbo-agent` script, else the same CLI through this interpreter."""
     beside_python = Path(sys.executable).with_name("cbo-agent")
-    return str(beside_python) if beside_python.exists() else shutil.which("cbo-agent") or ""
+    if beside_python.exists():
+        return [str(beside_python)]
+    installed = shutil.which("cbo-agent")
+    return [installed] if installed else [sys.executable, "-m", "agent.cli"]
 
 
-def require_cli(executable: str) -> None:
-    if not executable:
-        pytest.skip("the cbo-agent command is not installed (make test installs it)")
-    for command in ("run", "sim"):
+def require_cli(command: list[str]) -> None:
+    """`cbo-agent run --help` and `cbo-agent sim --help` work: a broken CLI fails the test."""
+    for name in ("run", "sim"):
         result = subprocess.run(
-            [executable, command, "--help"], capture_output=True, text=True, timeout=30
+            [*command, name, "--help"], capture_output=True, text=True, timeout=60
         )
-        if result.returncode != 0:
-            reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"`cbo-agent {command}` is not available yet: {reason}")
+        assert result.returncode == 0, (
+            f"`{' '.join([*command, name])} --help` exited {result.returncode}:\n"
+            f"{result.stderr.strip() or result.stdout.strip() or 'no output'}"
+        )
+
+
+def without_thresholds(expr: str) -> str:
+    """A rule's expression without its top-level comparisons against a number.
+
+    What remains is the quantity the rule watches (`ratio < 0.1` -> `ratio`; in
+    `a > 0.9 and on (e) b >= 50` both guards keep their series): it must return data whenever
+    the agent exports what the rule is about. Comparisons inside parentheses are kept.
+    """
+    kept: list[str] = []
+    depth, quote, i = 0, "", 0
+    while i < len(expr):
+        char = expr[i]
+        if quote:
+            if char == "\\":
+                kept.append(expr[i : i + 2])
+                i += 2
+                continue
+            if char == quote:
+                quote = ""
+        elif char in "\"'`":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif depth == 0 and (match := _THRESHOLD.match(expr, i)) and match.group().strip():
+            i = match.end()
+            continue
+        kept.append(char)
+        i += 1
+    return "".join(kept)
 
 
 class Process:
@@ -153,8 +204,10 @@ def http_get(url: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def promql(base: str, expr: str) -> dict[str, Any]:
-    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+def promql(base: str, expr: str, at: float | None = None) -> dict[str, Any]:
+    """An instant query (at `at`, seconds since the epoch; default: now)."""
+    params = {"query": expr} | ({} if at is None else {"time": f"{at:.3f}"})
+    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode(params))
     reply = json.loads(body)
     assert status == 200 and reply["status"] == "success", f"{expr}\n-> {status} {reply}"
     return reply["data"]
@@ -169,11 +222,15 @@ def finite_values(data: dict[str, Any]) -> list[float]:
 
 
 def fast_spec(path: Path) -> Path:
-    """examples/dropwave.yaml with the random policy, short timeouts and a finite budget."""
+    """examples/dropwave.yaml with the random policy, short timeouts and a budget that is
+    nearly spent after two rounds with action a0 and then lasts (see BUDGET_TOTAL)."""
     spec = yaml.safe_load((ROOT / "examples" / "dropwave.yaml").read_text())
     spec["policy"] = {"name": "random", "settings": {}}
     spec["schedule"] = {"ack_timeout_s": 2.0, "round_timeout_s": 2.0}
-    spec["constraints"] = {"budget_total": 1.0e6}
+    spec["constraints"] = {"budget_total": BUDGET_TOTAL}
+    costs = {action["name"]: action["cost"] for action in spec["actions"]}
+    assert costs == {"a0": 1.0, "a1": 1.0}, f"examples/dropwave.yaml changed its actions: {costs}"
+    spec["actions"][1]["cost"] = A1_COST
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert load_spec(path).name == EXPERIMENT
     return path
@@ -218,8 +275,8 @@ def publish_bad_reading(port: int, username: str, password: str) -> None:
 
 @pytest.mark.integration
 def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_factory, tmp_path):
-    executable = cbo_agent_executable()
-    require_cli(executable)
+    cli = cbo_agent_command()
+    require_cli(cli)
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("prometheus is not installed (Debian: .ci/run installs the package)")
@@ -252,7 +309,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_fac
     with processes() as start:
         sim = start(
             "sim",
-            [executable, "--log-format", "json", "sim", "dropwave", "--experiment", EXPERIMENT,
+            [*cli, "--log-format", "json", "sim", "dropwave", "--experiment", EXPERIMENT,
              "--broker", device_url, "--delay", "0.02", "--jitter", "0.05",
              "--duplicate-rate", "0.2", "--seed", "1"],
             tmp_path / "sim.log",
@@ -260,7 +317,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_fac
         )  # fmt: skip
         agent = start(
             "agent",
-            [executable, "run", str(spec), "--broker", broker.url,
+            [*cli, "run", str(spec), "--broker", broker.url,
              "--metrics-port", str(metrics_port), "--store", str(tmp_path / "agent.sqlite"),
              "--agent-id", "e2e-agent"],
             tmp_path / "agent.log",
@@ -298,58 +355,91 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_fac
 
         # Every dashboard query returns finite data once rounds, readings and a rejection flowed.
         queries = {where: concrete_promql(expr) for where, expr in dashboard_expressions()}
-        exported = http_get(f"{metrics}/metrics")[1].decode()
-        optional = {
-            where
-            for where, expr in queries.items()
-            if metric_names(expr) & ONLY_WITHOUT_ORACLE
-            and not any(f"\n{name}{{" in exported for name in ONLY_WITHOUT_ORACLE)
-        }
+        wait_for_data(api, "every dashboard query", queries, agent, sim, server)
 
-        def empty_queries() -> list[str]:
-            return [
-                f"{where}: {expr}"
-                for where, expr in queries.items()
-                if where not in optional and not finite_values(promql(api, expr))
-            ]
+        # Every alert rule: the quantity it watches (its expression without threshold
+        # comparisons) returns data; CboNoReadings looks 10 minutes back, so it is evaluated
+        # 10 minutes ahead, where nothing arrived since now.
+        rules = dict(alert_expressions())
+        ahead = time.time() + NO_READINGS_AHEAD_S
+        at = {name: ahead if name == "CboNoReadings" else None for name in rules}
+        watched = {name: without_thresholds(expr) for name, expr in rules.items()}
+        assert all(watched[name] != rules[name] for name in rules), "a rule without threshold"
+        wait_for_data(
+            api, "every alert rule's watched quantity", watched, agent, sim, server, at=at
+        )
 
-        missing: list[str] = []
+        # ... and the conditions brought about here make their rules' expressions return data:
+        # the budget is nearly spent (the spec's), no reading came for 10 minutes (ahead).
+        driven = {name: rules[name] for name in ("CboBudgetNearlySpent", "CboNoReadings")}
+        wait_for_data(api, "the driven alert rules", driven, agent, sim, server, at=at)
+        (nearly_spent,) = promql(api, rules["CboBudgetNearlySpent"])["result"]
+        assert nearly_spent["metric"]["experiment"] == EXPERIMENT
+        assert 0 < float(nearly_spent["value"][1]) < 0.1
+        # ... while the agent is up, CboAgentDown is quiet. (The regret rules may fire: the
+        # random policy does not learn, and its regret does grow linearly.)
+        assert not promql(api, rules["CboAgentDown"])["result"]
 
-        def all_have_data() -> bool:
-            missing[:] = empty_queries()
-            return not missing
-
-        try:
-            wait_until("data for every dashboard query", all_have_data, DATA_S, agent, sim, server)
-        except AssertionError as error:
-            if not str(error).startswith("timed out"):
-                raise  # a query Prometheus refused, or a process that died
-            raise AssertionError(f"{error}; still empty:\n" + "\n".join(missing)) from None
-        for where in optional:
-            promql(api, queries[where])  # evaluates, even while the series is not exported
-
-        # Every alert expression evaluates (most are legitimately empty on a healthy agent) ...
-        for _, expr in alert_expressions():
-            promql(api, expr)
-
-        # ... and Prometheus's own rule evaluation reports no error for any rule.
+        # Prometheus's own rule evaluation reports no error for any rule.
         def rules_evaluated() -> list[dict[str, Any]]:
             groups = json.loads(http_get(f"{api}/api/v1/rules")[1])["data"]["groups"]
-            rules = [rule for group in groups for rule in group["rules"]]
-            done = all(not r["lastEvaluation"].startswith("0001-") for r in rules)
-            return rules if done else []
+            evaluated = [rule for group in groups for rule in group["rules"]]
+            done = all(not r["lastEvaluation"].startswith("0001-") for r in evaluated)
+            return evaluated if done else []
 
-        rules = wait_until("a rule evaluation", rules_evaluated, 15, server)
-        assert {r["name"] for r in rules} == {name for name, _ in alert_expressions()}
-        assert all(r["health"] == "ok" for r in rules), [
-            (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"
+        evaluated = wait_until("a rule evaluation", rules_evaluated, 15, server)
+        assert {r["name"] for r in evaluated} == set(rules)
+        assert all(r["health"] == "ok" for r in evaluated), [
+            (r["name"], r.get("lastError")) for r in evaluated if r["health"] != "ok"
         ]
-        # The agent is up, so the rule for it being down is quiet.
-        firing = {r["name"] for r in rules if r["state"] == "firing"}
-        assert "CboAgentDown" not in firing
+        assert "CboAgentDown" not in {r["name"] for r in evaluated if r["state"] == "firing"}
 
         targets = json.loads(http_get(f"{api}/api/v1/targets")[1])["data"]["activeTargets"]
         assert [t["health"] for t in targets if t["labels"]["job"] == AGENT_JOB] == ["up"]
         rejected = promql(api, 'sum(cbo_messages_total{outcome="rejected", kind="reading"})')
         assert finite_values(rejected) == [1.0]
         assert agent.alive and sim.alive
+
+        # The agent stops: its scrape fails, and CboAgentDown's expression returns data.
+        agent.stop()
+        down = {"CboAgentDown": rules["CboAgentDown"]}
+        wait_for_data(api, "CboAgentDown's expression, the agent stopped", down, sim, server)
+        (series,) = promql(api, rules["CboAgentDown"])["result"]
+        assert series["metric"]["job"] == AGENT_JOB and float(series["value"][1]) == 0.0
+
+
+def wait_for_data(
+    api: str,
+    what: str,
+    queries: dict[str, str],
+    *alive: Process,
+    at: dict[str, float | None] | None = None,
+) -> None:
+    """Wait (DATA_S at most) until every query returns finite data; name those that do not."""
+    missing: list[str] = []
+
+    def all_have_data() -> bool:
+        missing[:] = [
+            f"{where}: {expr}"
+            for where, expr in queries.items()
+            if not finite_values(promql(api, expr, (at or {}).get(where)))
+        ]
+        return not missing
+
+    try:
+        wait_until(f"data for {what}", all_have_data, DATA_S, *alive)
+    except AssertionError as error:
+        if not str(error).startswith("timed out"):
+            raise  # a query Prometheus refused, or a process that died
+        raise AssertionError(f"{error}; still empty:\n" + "\n".join(missing)) from None
+
+
+def test_without_thresholds_keeps_what_a_rule_watches() -> None:
+    assert without_thresholds("a / (b + c)\n  < 0.1") == "a / (b + c)"
+    assert without_thresholds('up{job="x"} == 0 or absent(up{job="x"})') == (
+        'up{job="x"} or absent(up{job="x"})'
+    )
+    assert without_thresholds("(x > 0) and on (e) y >= 50 unless z <= bool -1e3") == (
+        "(x > 0) and on (e) y unless z"
+    )
+    assert without_thresholds('m{l=~"a>1"} > +Inf') == 'm{l=~"a>1"}'

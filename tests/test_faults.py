@@ -3,7 +3,8 @@
 Everything runs on 127.0.0.1 with the CLI as subprocesses (`cbo-agent run`, `cbo-agent sim`) and a
 Mosquitto with persistence (`agent.bench._chaos_procs.Cluster`), as `cbo-agent bench chaos`
 does at a larger scale. The contracts (docs/reliability.md): nothing accepted is lost, the budget
-is never overspent (also across crashes), an action takes effect once.
+is never overspent (also across crashes), an action takes effect once. Cuts of the agent's
+connection alone, and the live audit of its model: tests/test_faults_connection.py.
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ def finish(cluster: Cluster, marks: dict[str, float]) -> Outcome:
 # ------------------------------------------------------------------------------- chaos, small
 def test_kill_9_and_broker_restarts_lose_nothing_and_never_overspend(tmp_path: Path) -> None:
     """3 SIGKILLs of the agent (a random moment, right after round.proposed, right after
-    round.published), 2 broker restarts (SIGKILL, then SIGTERM), 10 rounds."""
+    round.published), 2 broker restarts (SIGKILL, then SIGTERM), 1 cut of the agent's
+    connection, 10 rounds."""
     options = ChaosOptions(
         kills=3,
         broker_restarts=2,
+        connection_cuts=1,
         rounds=10,
         seed=3,
         device=DeviceOptions(delay_s=0.1, jitter_s=0.2, drop_rate=0.0, duplicate_rate=0.2),
@@ -92,6 +95,8 @@ def test_kill_9_and_broker_restarts_lose_nothing_and_never_overspend(tmp_path: P
     report = "\n".join(result.log) + f"\n{numbers}"
     assert numbers["kills"] == 3 and numbers["agent_lives"] == 4, report
     assert numbers["broker_restarts"] == 2 and numbers["broker_kills"] == 1, report
+    assert numbers["connection_cuts"] == 1, report
+    assert numbers["live_audits"] >= 1, report  # readings_in_model: the live agent's /metrics
     assert numbers["agent_finished"], report
     assert numbers["readings_accepted"] == numbers["readings_in_model"] > 0, report
     assert numbers["budget_spent"] <= numbers["budget"], report

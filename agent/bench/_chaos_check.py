@@ -1,8 +1,12 @@
-"""What a chaos run must leave behind, checked from the agent's store and the device's log.
+"""What a chaos run must leave behind, checked from the running agent, its store and the device.
 
 The store says what the agent accepted, proposed and paid for; the device's log says what it
-applied and published. `verify` rebuilds the experiment from the store as a restarted agent would
-(`agent.experiment.Experiment`) and compares the three.
+applied and published; the running agent's own /metrics say what its model holds. `LiveAudit`
+(taken by the chaos run before each disruption and after the last, see `audit_once`) compares
+the live agent's per-node observation counts with the rows the store's readings complete at that
+moment — a check that fails if the agent stored a reading and did not learn it. `verify` also
+rebuilds the experiment from the store as a restarted agent would (`agent.experiment.Experiment`)
+and compares it, the store and the device's log.
 """
 
 from __future__ import annotations
@@ -11,18 +15,21 @@ import asyncio
 import collections
 import contextlib
 import math
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog.testing
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.experiment import Experiment
 from connectors.mqtt import BrokerConfig, MqttConnection, MqttConnectionError
 from connectors.schemas import DecodeError, Reading, decode
 from connectors.store import Store
-from core.spec import load_spec
+from core.network import NetworkModel
+from core.spec import ExperimentSpec, load_spec
 
 Event = dict[str, Any]
 ReadingKey = tuple[str, str, int]  # device, node, seq: what the store deduplicates on
@@ -113,6 +120,132 @@ def drain_session(port: int, client_id: str, quiet_s: float = 1.0, timeout_s: fl
     return keys
 
 
+# ---------------------------------------------------------------------------- the live agent
+@dataclass
+class LiveModel:
+    """What the running agent exports about one experiment's model (its /metrics)."""
+
+    observations: dict[str, int]  # GP node -> cbo_observations (absent before its first update)
+    budget_spent: float | None
+
+
+def scrape_live_model(metrics_url: str, experiment: str, timeout_s: float = 5.0) -> LiveModel:
+    """Read `cbo_observations{node}` and `cbo_budget_spent` from a live agent's /metrics.
+
+    Raises:
+        OSError: the agent does not answer (it exited, say).
+    """
+    with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=timeout_s) as response:
+        text = response.read().decode("utf-8")
+    observations: dict[str, int] = {}
+    spent = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("experiment") != experiment:
+                continue
+            if sample.name == "cbo_observations":
+                observations[sample.labels["node"]] = int(sample.value)
+            elif sample.name == "cbo_budget_spent":
+                spent = float(sample.value)
+    return LiveModel(observations, spent)
+
+
+@dataclass
+class StoredRows:
+    """Per node, what the store's readings mean for the model, by the model's own rule."""
+
+    stored: dict[str, int]  # node -> readings stored
+    rows: dict[str, int]  # GP node -> rounds whose row for it is complete (it learned them)
+    waiting: dict[str, int]  # node -> stored readings that teach no row (yet)
+    budget_spent: float
+    rounds_closed: int
+
+
+def stored_rows(spec: ExperimentSpec, store: Store) -> StoredRows:
+    """Count, per node, the rows the stored readings complete.
+
+    As `core.network.NetworkModel.observe` decides: a GP node learns from a round when its own
+    reading and all its parents' readings are in, unless a hard intervention set it that round;
+    a decomposed reward has no GP (it is composed from its components, and may be a parent).
+    Every other stored reading waits: its node was set, a parent's reading is missing, or the
+    node has no GP.
+    """
+    structure = NetworkModel(spec)  # the graph's rules only; it learns nothing here
+    name = spec.name
+    rounds = {row.round: row for row in store.rounds(name)}
+    present: dict[int, set[str]] = collections.defaultdict(set)
+    stored: collections.Counter[str] = collections.Counter()
+    for reading in store.readings(name):
+        present[reading.round].add(reading.node)
+        stored[reading.node] += 1
+    g = structure.reward_function
+    rows: collections.Counter[str] = collections.Counter()
+    for number, nodes in present.items():
+        if g is not None and all(c in nodes for c in g.components):
+            nodes = nodes | {structure.reward_node}
+        fixed = structure.set_nodes(rounds[number].intervention)
+        for node in structure.order:
+            parents = structure.inputs[node].parents
+            if node in nodes and node not in fixed and all(p in nodes for p in parents):
+                rows[node] += 1
+    waiting = {
+        node: stored[node] - rows[node] for node in structure.inputs if stored[node] - rows[node]
+    }
+    closed = sum(row.status == "closed" for row in rounds.values())
+    return StoredRows(
+        stored=dict(stored),
+        rows={node: rows[node] for node in structure.order},
+        waiting=waiting,
+        budget_spent=store.ledger(name).spent,
+        rounds_closed=closed,
+    )
+
+
+@dataclass
+class LiveAudit:
+    """The live agent's model against the store's readings, read right after its /metrics."""
+
+    live: LiveModel
+    store: StoredRows
+    scrapes: int = 1
+
+    @property
+    def exported(self) -> bool:
+        """The agent has updated its model in this life (the gauges exist from then on)."""
+        return bool(self.live.observations)
+
+    @property
+    def observations_match(self) -> bool:
+        return self.live.observations == self.store.rows
+
+    @property
+    def budget_matches(self) -> bool:
+        spent = self.live.budget_spent
+        return spent is None or math.isclose(spent, self.store.budget_spent, abs_tol=1e-9)
+
+    @property
+    def agrees(self) -> bool:
+        return self.observations_match and self.budget_matches
+
+    @property
+    def readings_accepted(self) -> int:
+        return sum(self.store.stored.values())
+
+    @property
+    def readings_in_model(self) -> int:
+        """The rows the live model learned, plus the stored readings that by rule teach none."""
+        return sum(self.live.observations.values()) + sum(self.store.waiting.values())
+
+
+def audit_once(metrics_url: str, spec: ExperimentSpec, store_path: Path) -> LiveAudit:
+    """One scrape of the live agent, then the store (read after it: readings are stored before
+    they teach, so a consistent pair has the live counts equal to the store's complete rows)."""
+    live = scrape_live_model(metrics_url, spec.name)
+    with Store(store_path) as store:
+        rows = stored_rows(spec, store)
+    return LiveAudit(live, rows)
+
+
 @dataclass
 class Check:
     name: str
@@ -135,8 +268,13 @@ def verify(
     store_path: Path,
     device: DeviceRecord,
     queued: set[ReadingKey],
+    audit: LiveAudit | None = None,
 ) -> Verdict:
-    """Everything the chaos run must satisfy, with the numbers behind each check."""
+    """Everything the chaos run must satisfy, with the numbers behind each check.
+
+    `audit` is the live agent's model against the store, as late as the run could take it
+    (None: it could take none, which fails the readings-in-model check).
+    """
     spec = load_spec(spec_path)
     name = spec.name
     with Store(store_path) as store:
@@ -176,8 +314,8 @@ def verify(
         device.round_of[a] for a in known if ledger_state.get(device.round_of[a]) == "released"
     )
     numbers: dict[str, Any] = {
-        "readings_accepted": len(stored),
-        "readings_in_model": len(in_model),
+        "readings_accepted": audit.readings_accepted if audit else len(stored),
+        "readings_in_model": audit.readings_in_model if audit else None,
         "rounds_completed": statuses.get("closed", 0),
         "budget": budget,
         "budget_spent": ledger.spent,
@@ -186,6 +324,11 @@ def verify(
         "rounds_expired": statuses.get("expired", 0),
         "rounds_rejected": statuses.get("rejected", 0),
         "rounds_open": sum(statuses.get(s, 0) for s in ("proposed", "published", "acked")),
+        "audit_rounds_closed": audit.store.rounds_closed if audit else None,
+        "live_model_observations": _per_node(audit.live.observations) if audit else None,
+        "audit_readings_waiting": sum(audit.store.waiting.values()) if audit else None,
+        "readings_stored": len(stored),
+        "readings_in_rebuilt_model": len(in_model),
         "model_observations": sum(observations),
         "model_observations_expected": sum(expected_obs),
         "actions_applied": len(applied_ids),
@@ -202,13 +345,14 @@ def verify(
     twice = device.applied_twice()
     limit = math.inf if budget is None else budget + 1e-9
     checks = [
+        *_live_checks(audit),
         Check(
-            "readings_in_model == readings_accepted",
+            "a restarted agent rebuilds every stored reading",
             in_model == stored_values,
             f"{len(in_model)} in the rebuilt model, {len(stored_values)} stored",
         ),
         Check(
-            "every complete row taught its node's GP",
+            "every complete row taught its node's GP (rebuilt from the store)",
             observations == expected_obs,
             f"GP observations {observations}, complete rows {expected_obs}",
         ),
@@ -244,6 +388,35 @@ def verify(
         ),
     ]
     return Verdict(numbers, checks)
+
+
+def _live_checks(audit: LiveAudit | None) -> list[Check]:
+    """readings_in_model == readings_accepted, from the running agent's /metrics."""
+    name = "readings_in_model == readings_accepted (live agent vs store)"
+    if audit is None:
+        return [Check(name, False, "no live audit: the agent never answered with its model")]
+    rows = audit.store
+    detail = (
+        f"live cbo_observations {_per_node(audit.live.observations) or 'not exported'}, "
+        f"complete rows in the store {_per_node(rows.rows)}"
+        + (f", {sum(rows.waiting.values())} readings teach no row" if rows.waiting else "")
+        + f" (at {rows.rounds_closed} closed rounds, {audit.scrapes} scrapes)"
+    )
+    spent = audit.live.budget_spent
+    return [
+        Check(name, audit.observations_match, detail),
+        Check(
+            "live budget_spent == the ledger's",
+            audit.budget_matches,
+            f"exported {spent}, ledger {rows.budget_spent}"
+            if spent is not None
+            else "not exported in this life yet",
+        ),
+    ]
+
+
+def _per_node(counts: dict[str, int]) -> str:
+    return ", ".join(f"{node}={count}" for node, count in counts.items())
 
 
 def _complete_rows(exp: Experiment) -> list[int]:

@@ -4,7 +4,9 @@
 logging JSON lines to a file, and can be killed with SIGKILL, paused (SIGSTOP) and resumed.
 `JsonLog` reads such a file incrementally and waits, with a timeout, for an event. `Cluster`
 puts a Mosquitto with persistence, one device and successive lives of the agent in one working
-directory, and stops whatever it started. Everything listens on and connects to 127.0.0.1.
+directory, and stops whatever it started; with ``via_proxy`` the agent reaches the broker through
+a `TcpProxy` whose connections the harness can cut. Everything listens on and connects to
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from agent.bench._tcp_proxy import TcpProxy
 from agent.paths import example_spec
 from connectors.mosquitto import MosquittoBroker, MosquittoOptions
 
@@ -242,7 +245,9 @@ class Cluster:
     """A Mosquitto with persistence, a simulator device and successive agent lives.
 
     Every life of the agent runs the same spec, store and client id (so the same persistent
-    session) and logs to its own file, ``agent-<n>.log``.
+    session) and logs to its own file, ``agent-<n>.log``. With `via_proxy` every life connects
+    through `proxy` (a `TcpProxy` in front of the broker), so that `proxy.cut()` severs the
+    agent's connection while the broker and the device stay up.
     """
 
     workdir: Path
@@ -250,6 +255,7 @@ class Cluster:
     env: str = "dropwave"
     device_options: DeviceOptions = field(default_factory=DeviceOptions)
     broker_lines: tuple[str, ...] = DURABLE_BROKER_LINES
+    via_proxy: bool = False
     agent_lives: list[Child] = field(default_factory=list)
     device: Child | None = None
     _environ: dict[str, str] = field(default_factory=child_environment)
@@ -263,6 +269,10 @@ class Cluster:
                 persistence_dir=self.workdir / "mosquitto-data", extra_lines=self.broker_lines
             ),
         )
+        self.proxy: TcpProxy | None = None
+        if self.via_proxy:
+            self.proxy = TcpProxy(self.broker.port)
+            self.proxy.start()
 
     # ------------------------------------------------------------------ processes
     def start_broker(self) -> None:
@@ -306,7 +316,7 @@ class Cluster:
             "--store",
             str(self.store_path),
             "--broker",
-            self.broker.url,
+            self.agent_broker_url,
             "--agent-id",
             AGENT_ID,
             "--metrics-port",
@@ -321,6 +331,16 @@ class Cluster:
     def agent(self) -> Child | None:
         return self.agent_lives[-1] if self.agent_lives else None
 
+    @property
+    def agent_broker_url(self) -> str:
+        """Where the agent connects: the proxy when there is one, else the broker."""
+        return self.proxy.url if self.proxy is not None else self.broker.url
+
+    def metrics_url(self, life: Child, timeout_s: float) -> str:
+        """Base URL of a life's /metrics (it binds a free port and logs which)."""
+        event = life.log.wait_for("metrics.serving", timeout_s, child=life)
+        return f"http://127.0.0.1:{int(event['port'])}"
+
     def close(self) -> None:
         """Stop everything this cluster started (agent, device, broker); idempotent."""
         for life in self.agent_lives:
@@ -328,6 +348,8 @@ class Cluster:
                 life.kill()
         if self.device is not None:
             self.device.stop()
+        if self.proxy is not None:
+            self.proxy.close()
         self.broker.stop()
 
     def __enter__(self) -> Cluster:

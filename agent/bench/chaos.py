@@ -1,10 +1,10 @@
-"""`cbo-agent bench chaos`: kill -9 the agent and the broker mid-run, then check what survived.
+"""`cbo-agent bench chaos`: kill -9 the agent, restart the broker, cut the agent's connection.
 
 Setup, all on 127.0.0.1: a Mosquitto with persistence (saved after every change), the simulator
-device (`cbo-agent sim`, JSON log) and the agent (`cbo-agent run`) as subprocesses, on the example
-spec of the environment with the random policy, short ack and round timeouts, ``max_rounds`` R
-and a total budget of (R − ½) rounds' cost, so that the budget, not the round limit, ends the run
-after R − 1 rounds.
+device (`cbo-agent sim`, JSON log) and the agent (`cbo-agent run`, reaching the broker through
+a TCP proxy, `agent.bench._tcp_proxy`) as subprocesses, on the example spec of the environment
+with the random policy, short ack and round timeouts, ``max_rounds`` R and a total budget of
+(R − ½) rounds' cost, so that the budget, not the round limit, ends the run after R − 1 rounds.
 
 Chaos, in a seeded random order and spread over the first 80 % of the run:
   agent kills      SIGKILL of the agent, restarted after a short random downtime. Each kill
@@ -16,9 +16,18 @@ Chaos, in a seeded random order and spread over the first 80 % of the run:
                    the rest — and started again on the same port after a random pause: every
                    client's connection is cut, and the agent's persistent session is what
                    survives.
+  connection cuts  every connection of the agent reset at the proxy (TCP RST both ways) and new
+                   ones refused for a random moment, while the broker and the device stay up:
+                   the agent must notice, reconnect and resume its persistent session.
 
-Then, once the agent has finished: the readings still queued for the agent's session are drained,
-every process is stopped, and `agent.bench._chaos_check.verify` compares the store, the model a
+Live audits: before every disruption, and after the last one at every round the agent closes
+until it exits, the device is paused for a moment and the live agent's /metrics
+(`cbo_observations` per node, `cbo_budget_spent`) are compared with the store
+(`agent.bench._chaos_check.LiveAudit`): readings in the model vs readings accepted. The last
+audit (or the first that disagreed) is reported.
+
+Once the agent has finished: the readings still queued for the agent's session are drained, every
+process is stopped, and `agent.bench._chaos_check.verify` compares the store, the model a
 restarted agent rebuilds from it, and the device's log. Every wait has a timeout.
 """
 
@@ -35,7 +44,15 @@ from typing import Any
 
 from rich.console import Console
 
-from agent.bench._chaos_check import DeviceRecord, Verdict, device_record, drain_session, verify
+from agent.bench._chaos_check import (
+    DeviceRecord,
+    LiveAudit,
+    Verdict,
+    audit_once,
+    device_record,
+    drain_session,
+    verify,
+)
 from agent.bench._chaos_procs import (
     AGENT_ID,
     EXPERIMENT,
@@ -48,10 +65,12 @@ from agent.bench._chaos_procs import (
 )
 from agent.bench.report import print_table, wide_console, write_json
 from connectors.store import Store
+from core.spec import ExperimentSpec, load_spec
 
 REQUIRED_FIELDS = (
     "kills",
     "broker_restarts",
+    "connection_cuts",
     "readings_accepted",
     "readings_in_model",
     "rounds_completed",
@@ -61,12 +80,14 @@ REQUIRED_FIELDS = (
 )
 KILL_MOMENTS = ("random", "after_proposed", "after_published", "startup")
 STARTUP_S = 90.0  # a life of the agent, from exec to subscribed, on a busy two-core machine
+AUDIT_SETTLE_S = 1.5  # device paused: what is in flight reaches the agent well within this
 
 
 @dataclass
 class ChaosOptions:
     kills: int = 10
     broker_restarts: int = 3
+    connection_cuts: int = 3
     rounds: int = 40
     seed: int = 0
     env: str = "dropwave"
@@ -102,11 +123,14 @@ class ChaosResult:
 
 
 class _Chaos:
-    """Applies the disruptions to a running cluster and keeps count."""
+    """Applies the disruptions to a running cluster, audits the live agent, and keeps count."""
 
-    def __init__(self, cluster: Cluster, options: ChaosOptions, deadline: float) -> None:
+    def __init__(
+        self, cluster: Cluster, options: ChaosOptions, spec: ExperimentSpec, deadline: float
+    ) -> None:
         self.cluster = cluster
         self.options = options
+        self.spec = spec
         self.rng = random.Random(options.seed)
         self.deadline = deadline
         self.kills = 0
@@ -114,6 +138,10 @@ class _Chaos:
         self.broker_kills = 0
         self.kills_before_publish = 0
         self.kills_before_ack = 0
+        self.connection_cuts = 0
+        self.closed_at_cuts: list[int] = []
+        self.live_audits = 0
+        self.audit: LiveAudit | None = None  # the last audit, or the first that disagreed
         self.log: list[str] = []
         self.started = time.monotonic()
 
@@ -136,7 +164,8 @@ class _Chaos:
             ("broker", "sigkill" if i % 2 == 0 else "sigterm")
             for i in range(options.broker_restarts)
         ]
-        plan = kills + brokers
+        cuts = [("cut", "connection")] * options.connection_cuts
+        plan = kills + brokers + cuts
         rng.shuffle(plan)
         return plan
 
@@ -150,10 +179,13 @@ class _Chaos:
             if not self._wait_for_progress(target):
                 self._note(f"agent finished before disruption {index + 1} of {len(plan)}")
                 return
+            self._audit()
             if what == "kill":
                 self._kill(how)
-            else:
+            elif what == "broker":
                 self._restart_broker(how)
+            else:
+                self._cut_connection()
 
     def _closed(self) -> int:
         return len(distinct_rounds(self.cluster.agent_events("round.closed")))
@@ -238,6 +270,88 @@ class _Chaos:
         broker.start(timeout_s=10.0)
         self._note(f"broker {how}, down {pause:.2f} s")
 
+    def _cut_connection(self) -> None:
+        """Reset the agent's connection at the proxy; refuse reconnections for a moment."""
+        proxy = self.cluster.proxy
+        assert proxy is not None, "connection cuts need the cluster's proxy"
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        if not proxy.wait_for_connection(STARTUP_S):
+            self._note("no connection of the agent to cut")
+            return
+        refuse_s = self.rng.uniform(0.0, self.options.max_downtime_s)
+        closed = self._closed()
+        severed = proxy.cut(refuse_s=refuse_s)
+        if severed:
+            self.connection_cuts += 1
+            self.closed_at_cuts.append(closed)
+        self._note(f"cut the agent's connection ({severed} reset), refused for {refuse_s:.2f} s")
+
+    # ------------------------------------------------------------------ live audit
+    def follow(self) -> None:
+        """After the last disruption: audit the live agent at every round it closes, until it
+        exits (or an audit disagrees)."""
+        agent = self.cluster.agent
+        assert agent is not None
+        agent.log.poll()
+        since = len(agent.log.events)
+        try:
+            while self.audit is None or self.audit.agrees:
+                closed = agent.log.wait_for(
+                    "round.closed", self._time_left(STARTUP_S), since=since, child=agent
+                )
+                since = next(i for i, e in enumerate(agent.log.events) if e is closed) + 1
+                self._audit()
+        except (ChildDied, TimeoutError):
+            pass  # finished (or stuck: the run's own wait reports that)
+        if self.audit is None:
+            self._note("no live audit: the agent never answered with its model")
+        else:
+            self._note(
+                f"{self.live_audits} live audits; the last at {self.audit.store.rounds_closed} "
+                f"closed rounds: {self.audit.readings_in_model} readings in the model, "
+                f"{self.audit.readings_accepted} accepted"
+            )
+
+    def _audit(self) -> None:
+        """Compare the live agent's model (its /metrics) with the store, the device paused.
+
+        Pausing the device means nothing new arrives, so what is in flight settles: /metrics is
+        scraped, then the store read, until the two agree or AUDIT_SETTLE_S passes. Skipped if
+        the agent is gone, or has not updated its model in this life yet (no gauges).
+        """
+        agent, device = self.cluster.agent, self.cluster.device
+        assert agent is not None and device is not None
+        served = agent.log.named("metrics.serving")
+        if not served or not agent.alive:
+            return
+        url = f"http://127.0.0.1:{int(served[-1]['port'])}"
+        device.pause()
+        try:
+            audit = self._settle(url)
+        except OSError:
+            return  # it exited meanwhile
+        finally:
+            device.resume()
+        if not audit.exported:
+            return
+        self.live_audits += 1
+        if self.audit is None or self.audit.agrees:
+            self.audit = audit
+
+    def _settle(self, url: str) -> LiveAudit:
+        deadline = time.monotonic() + AUDIT_SETTLE_S
+        scrapes = 0
+        while True:
+            audit = audit_once(url, self.spec, self.cluster.store_path)
+            scrapes += 1
+            audit.scrapes = scrapes
+            if audit.agrees or not audit.exported or time.monotonic() >= deadline:
+                return audit
+            time.sleep(0.05)
+
+    def _time_left(self, cap_s: float) -> float:
+        return max(min(self.deadline - time.monotonic(), cap_s), 1.0)
+
     def _note(self, text: str) -> None:
         self.log.append(f"{time.monotonic() - self.started:7.2f} s  {text}")
 
@@ -258,12 +372,15 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
         round_timeout_s=options.round_timeout_s,
         policy=options.policy,
     )
-    with Cluster(workdir, spec_path, env=options.env, device_options=options.device) as cluster:
+    with Cluster(
+        workdir, spec_path, env=options.env, device_options=options.device, via_proxy=True
+    ) as cluster:
         cluster.start_broker()
         cluster.start_device(timeout_s=STARTUP_S)
         cluster.start_agent()
-        chaos = _Chaos(cluster, options, deadline)
+        chaos = _Chaos(cluster, options, load_spec(spec_path), deadline)
         chaos.run()
+        chaos.follow()
         agent = cluster.agent
         assert agent is not None
         finished, exit_code = True, None
@@ -281,13 +398,21 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
         cluster.close()
         record: DeviceRecord = device_record(cluster.device_events())
         lives = len(cluster.agent_lives)
-    verdict = verify(spec_path, cluster.store_path, record, queued)
+        sessions = len(cluster.agent_events("agent.subscribed"))
+        assert cluster.proxy is not None
+        refused = cluster.proxy.refused
+    verdict = verify(spec_path, cluster.store_path, record, queued, chaos.audit)
     numbers = {
         "kills": chaos.kills,
         "broker_restarts": chaos.broker_restarts,
-        **{k: verdict.numbers[k] for k in REQUIRED_FIELDS[2:]},
+        "connection_cuts": chaos.connection_cuts,
+        **{k: verdict.numbers[k] for k in REQUIRED_FIELDS[3:]},
         "broker_kills": chaos.broker_kills,
         "agent_lives": lives,
+        "agent_sessions": sessions,
+        "connections_refused": refused,
+        "rounds_closed_at_cuts": chaos.closed_at_cuts,
+        "live_audits": chaos.live_audits,
         "kills_before_publish": chaos.kills_before_publish,
         "kills_before_ack": chaos.kills_before_ack,
         **{k: v for k, v in verdict.numbers.items() if k not in REQUIRED_FIELDS},
