@@ -2,6 +2,17 @@
 # cbo-agent: the service image. `docker run ... IMAGE /specs/a.yaml /specs/b.yaml` runs
 # `cbo-agent run` on the experiment specs mounted at /specs; the store lives in /var/lib/cbo-agent.
 #
+# The specs are not in the image: mount a directory of them at /specs and name the files, e.g.
+#   docker run -v "$PWD/specs:/specs:ro" -v cbo-agent-data:/var/lib/cbo-agent \
+#     cbo-agent /specs/x.yaml
+# Without arguments it runs /specs/experiment.yaml; if that is not mounted it exits 2 with one line,
+# "cbo-agent run: /specs/experiment.yaml: no such spec file; in a container, mount your specs ...".
+# The shipped examples are at /opt/cbo-agent/examples (`... cbo-agent /opt/cbo-agent/examples/...`).
+#
+# CBO_KEEP_SERVING=true: once its experiments have finished the agent stays up (final metrics,
+# /healthz, /readyz) instead of exiting, so a restart policy does not replay and re-finish them;
+# `-e CBO_KEEP_SERVING=false` (or `--no-keep-serving`) for a container that should exit when done.
+#
 #   docker build -t cbo-agent .                                         # CPU torch (default)
 #   docker build -t cbo-agent:cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .   # a CUDA torch
@@ -15,6 +26,8 @@ ARG TORCH_VERSION=2.13.0
 # Where the torch wheel comes from: PyTorch's CPU-only index by default (PyPI's Linux wheel is the
 # CUDA build, gigabytes larger); point it at a CUDA index for a GPU image.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Project extras: parquet for `cbo-agent export --format parquet` (pyarrow).
+ARG CBO_EXTRAS=parquet
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -30,7 +43,7 @@ COPY connectors connectors
 COPY agent agent
 COPY sim sim
 RUN TORCH_VERSION="${TORCH_VERSION}" TORCH_INDEX_URL="${TORCH_INDEX_URL}" \
-    bash deploy/install.sh /opt/venv
+    CBO_EXTRAS="${CBO_EXTRAS}" bash deploy/install.sh /opt/venv
 
 FROM ${PYTHON_IMAGE}
 ARG UID=10001
@@ -41,6 +54,7 @@ RUN groupadd --system --gid "${UID}" cbo \
  && chown cbo:cbo /var/lib/cbo-agent
 COPY --from=build /opt/venv /opt/venv
 # The example specs, for a first run: `docker run ... cbo-agent /opt/cbo-agent/examples/x.yaml`.
+# Your own specs: mount them at /specs (see the top of this file).
 COPY examples /opt/cbo-agent/examples
 ENV PATH=/opt/venv/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
@@ -51,7 +65,8 @@ ENV PATH=/opt/venv/bin:${PATH} \
     CBO_METRICS_HOST=0.0.0.0 \
     CBO_METRICS_PORT=9464 \
     CBO_STORE_PATH=/var/lib/cbo-agent/cbo-agent.sqlite \
-    CBO_LOG_FORMAT=json
+    CBO_LOG_FORMAT=json \
+    CBO_KEEP_SERVING=true
 WORKDIR /var/lib/cbo-agent
 VOLUME ["/var/lib/cbo-agent"]
 USER cbo:cbo
@@ -61,4 +76,5 @@ EXPOSE 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('CBO_METRICS_PORT', '9464') + '/healthz', timeout=4)"]
 ENTRYPOINT ["cbo-agent", "run"]
+# Only a default: it exists only if a spec of that name is mounted at /specs.
 CMD ["/specs/experiment.yaml"]

@@ -92,19 +92,51 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(options)
 
 
+# `run`'s flags -> the settings they override (agent/config.py). README.md's configuration table
+# lists every one of them; tests/test_readme.py keeps the two in step.
+RUN_FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
+    "broker": ("broker", "url"),
+    "metrics_port": ("metrics", "port"),
+    "metrics_host": ("metrics", "host"),
+    "store": ("store", "path"),
+    "agent_id": ("agent_id",),
+    "log_level": ("log", "level"),
+    "log_format": ("log", "format"),
+    "keep_serving": ("keep_serving",),
+}
+
+
+def missing_spec_file(path: str) -> str | None:
+    """Why `path` is no spec file to read (one line), or None if it is a file.
+
+    Checked before the heavy imports, so a container started without its specs mounted says
+    so at once instead of after loading torch.
+    """
+    where = Path(path)
+    if where.is_file():
+        return None
+    if where.is_dir():
+        return f"{path}: a directory, not a spec file; name the YAML files in it"
+    hint = ""
+    if where.is_absolute() and where.parts[1:2] == ("specs",):  # the image's spec directory
+        hint = (
+            "; in a container, mount your specs at /specs "
+            '(docker run -v "$PWD/specs:/specs:ro" IMAGE /specs/NAME.yaml)'
+        )
+    return f"{path}: no such spec file{hint}"
+
+
 def _run(args: argparse.Namespace) -> int:
+    for path in args.specs:
+        problem = missing_spec_file(path)
+        if problem is not None:
+            print(f"cbo-agent run: {problem}", file=sys.stderr)
+            return 2
+
     from agent.config import ConfigError, load_config
     from agent.serve import run_service
 
-    overrides = {
-        ("broker", "url"): args.broker,
-        ("metrics", "port"): args.metrics_port,
-        ("metrics", "host"): args.metrics_host,
-        ("store", "path"): args.store,
-        ("agent_id",): args.agent_id,
-        ("log", "level"): args.log_level,
-        ("log", "format"): args.log_format,
-    }
+    overrides = {key: getattr(args, flag, None) for flag, key in RUN_FLAG_SETTINGS.items()}
     try:
         config = load_config(args.config, overrides)
     except ConfigError as error:
@@ -149,14 +181,27 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, load_config
     from connectors.store import Store, StoreError
 
+    # the same store as `run`: --store > CBO_STORE_PATH > store.path of --config > default
     try:
-        with Store(args.store) as store:
+        path = load_config(args.config, {("store", "path"): args.store}).store.path
+    except ConfigError as error:
+        print(f"cbo-agent export: configuration: {error}", file=sys.stderr)
+        return 2
+    if not Path(path).is_file():  # opening it would create an empty store
+        print(
+            f"cbo-agent export: no store at {path} (set --store, CBO_STORE_PATH or store.path)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with Store(path) as store:
             if args.experiment not in store.experiment_names():
                 known = ", ".join(store.experiment_names()) or "none"
                 print(
-                    f"cbo-agent export: no experiment {args.experiment!r} in {args.store} "
+                    f"cbo-agent export: no experiment {args.experiment!r} in {path} "
                     f"(known: {known})",
                     file=sys.stderr,
                 )
@@ -165,8 +210,8 @@ def _export(args: argparse.Namespace) -> int:
     except StoreError as error:
         print(f"cbo-agent export: {error}", file=sys.stderr)
         return 2
-    for path in paths:
-        print(path)
+    for written in paths:
+        print(written)
     return 0
 
 
@@ -183,6 +228,7 @@ def _bench_chaos(args: argparse.Namespace) -> int:
     options = chaos.ChaosOptions(
         kills=args.kills,
         broker_restarts=args.broker_restarts,
+        connection_cuts=args.connection_cuts,
         rounds=args.rounds,
         seed=args.seed,
         policy=args.policy,
@@ -220,8 +266,9 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--latency-envs",
         nargs="*",
         metavar="E",
-        default=["toygraph", "psagraph", "dropwave", "alpine2", "ackley", "rosenbrock"],
-        help="environments whose decision latency is measured",
+        default=["all"],
+        help="environments whose decision latency is measured ('all': every one with a spec "
+        "in examples/; none given: skip)",
     )
     ingest.add_argument("--latency-rounds", type=_positive_int, default=20)
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -233,11 +280,18 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
 def _add_bench_chaos(which: argparse._SubParsersAction) -> None:
     chaos = which.add_parser(
         "chaos",
-        help="kill -9 the agent and restart the broker mid-run; check nothing lost or overspent",
+        help="kill -9 the agent, restart the broker and cut the agent's connection mid-run; "
+        "check nothing lost or overspent",
     )
     chaos.add_argument("--kills", type=int, default=10, help="SIGKILLs of the agent (10)")
     chaos.add_argument(
         "--broker-restarts", type=int, default=3, help="broker restarts, half of them SIGKILL (3)"
+    )
+    chaos.add_argument(
+        "--connection-cuts",
+        type=int,
+        default=3,
+        help="cuts of the agent's broker connection (a proxy resets it; broker stays up) (3)",
     )
     chaos.add_argument("--rounds", type=_positive_int, default=40, help="max_rounds R (40)")
     chaos.add_argument("--seed", type=int, default=0, help="when and how to disrupt (0)")
@@ -284,22 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cbo-agent",
         description="Online causal Bayesian optimization for networked systems over MQTT.",
     )
-    parser.add_argument("--log-level", help="debug, info (default), warning, error")
-    parser.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        help="log rendering (default auto: console on a terminal, JSON otherwise)",
-    )
+    _add_log_flags(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_sim(commands)
     _add_demo(commands)
-    export = commands.add_parser("export", help="write an experiment's history as CSV or Parquet")
-    export.add_argument("experiment", help="the experiment's name")
-    export.add_argument("--store", default="cbo-agent.sqlite", help="the agent's store")
-    export.add_argument("--format", choices=["csv", "parquet"], default="csv")
-    export.add_argument("--out", default=".", help="directory for the files")
-    export.set_defaults(handler=_export)
+    _add_export(commands)
     validate = commands.add_parser(
         "validate", help="check experiment specs; exit 1 naming each offending field"
     )
@@ -307,6 +351,40 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=_validate)
     _add_bench(commands)
     return parser
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write an experiment's history as CSV or Parquet",
+        description="The store `run` uses: store.path of --config < CBO_STORE_PATH < --store "
+        "(each overriding the one before; default cbo-agent.sqlite).",
+    )
+    export.add_argument("experiment", help="the experiment's name")
+    export.add_argument(
+        "--store", help="the agent's store (default: CBO_STORE_PATH, --config, cbo-agent.sqlite)"
+    )
+    export.add_argument("--config", help="the agent's YAML configuration file (its store.path)")
+    export.add_argument(
+        "--format",
+        choices=["csv", "parquet"],
+        default="csv",
+        help="csv (default) or parquet (needs pyarrow: the 'parquet' extra)",
+    )
+    export.add_argument("--out", default=".", help="directory for the files")
+    export.set_defaults(handler=_export)
+
+
+def _add_log_flags(parser: argparse.ArgumentParser, default: object = None) -> None:
+    parser.add_argument(
+        "--log-level", default=default, help="debug, info (default), warning, error"
+    )
+    parser.add_argument(
+        "--log-format",
+        default=default,
+        choices=["auto", "json", "console"],
+        help="log rendering (default auto: console on a terminal, JSON otherwise)",
+    )
 
 
 def _add_run(commands: argparse._SubParsersAction) -> None:
@@ -322,6 +400,14 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--metrics-host", help="address the metrics server binds (127.0.0.1)")
     run.add_argument("--store", help="SQLite store path")
     run.add_argument("--agent-id", help="MQTT client id and status-topic name")
+    run.add_argument(
+        "--keep-serving",
+        action=argparse.BooleanOptionalAction,
+        help="once every experiment has finished, stay up (metrics, health, broker session) "
+        "until stopped instead of exiting 0; for services that restart what exits",
+    )
+    # also after `run` (SUPPRESS: not given here, the global flag's value stands)
+    _add_log_flags(run, default=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
 
 
@@ -374,7 +460,11 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "demo", help="broker, simulator and agent on this machine, watched live"
     )
     demo.add_argument("--env", default="dropwave", help="environment (dropwave)")
-    demo.add_argument("--policy", help="policy (default: the spec's)")
+    demo.add_argument(
+        "--policy",
+        help="mcbo, eifn, gpucb, random, or dgpucb on an environment with a decomposed reward "
+        "(weather, sir, decomposed-synthetic); default: the spec's",
+    )
     demo.add_argument("--rounds", type=_positive_int, default=30, help="rounds to run (30)")
     demo.add_argument(
         "--broker", metavar="HOST:PORT", help="use this broker instead of starting the embedded one"
@@ -382,7 +472,13 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--no-live", action="store_true", help="plain lines, no live table")
     demo.add_argument("--out", default="results/demo", help="where the plot and store go")
     demo.add_argument("--metrics-port", type=int, default=9464, help="/metrics port (9464)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the run's randomness: initial design, simulator noise and delays (0); the "
+        "environment stays the instance its spec describes",
+    )
     demo.set_defaults(handler=_demo)
 
 

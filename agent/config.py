@@ -17,6 +17,10 @@ Environment variables (all optional):
 | CBO_STORE_PATH | store.path |
 | CBO_LOG_LEVEL / CBO_LOG_FORMAT | log.level / log.format |
 | CBO_DEVICE | device (cpu, cuda, cuda:1, ...: where the GPs live) |
+| CBO_KEEP_SERVING | keep_serving (true/false: stay up once every experiment has finished) |
+
+README.md's configuration table lists every setting, variable and flag (tests/test_readme.py
+checks that it stays complete).
 """
 
 from __future__ import annotations
@@ -95,6 +99,11 @@ class AgentConfig(_Section):
     store: StoreSection = StoreSection()
     log: LogSection = LogSection()
     device: str = "cpu"
+    # A service (compose, Kubernetes) restarts a process that exits, so a finished experiment
+    # would be replayed from the store, finish and exit again, forever. Keeping the process up
+    # (metrics, health and the broker session served, feedback still stored) ends that loop;
+    # off by default so that `cbo-agent run` in a script or benchmark returns when done.
+    keep_serving: bool = False
 
 
 _ENVIRONMENT = {
@@ -111,6 +120,7 @@ _ENVIRONMENT = {
     "CBO_LOG_LEVEL": ("log", "level"),
     "CBO_LOG_FORMAT": ("log", "format"),
     "CBO_DEVICE": ("device",),
+    "CBO_KEEP_SERVING": ("keep_serving",),
 }
 
 

@@ -4,6 +4,15 @@ An embedded MQTT broker (amqtt) on loopback — or an external one with `--broke
 simulator of a paper environment as the MQTT device, and the agent service. The terminal shows
 each round as it closes (action, reward, E[y | action], cumulative regret, decision latency),
 /metrics is served meanwhile, and at the end a regret plot is saved.
+
+Everything the options choose is checked before anything starts (`prepare_demo`): an unknown
+environment or policy, a policy the environment's spec cannot use (D-GP-UCB needs a decomposed
+reward) or a malformed `--broker` is one line on stderr and exit code 2.
+
+`--seed` seeds the run (the initial design, the simulator's noise, delays and jitter). The
+environment is always the instance its example spec describes: seeded environments (weather,
+decomposed-synthetic) draw a new instance per seed, and the spec of another instance would have
+other sensors or functions, so the device would reject the spec's actions.
 """
 
 from __future__ import annotations
@@ -24,18 +33,26 @@ from rich.table import Table
 
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
 from agent.experiment import RoundEvent
+from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.runtime import AgentService
+from agent.validate import check_policy
 from connectors.embedded_broker import embedded_broker
 from connectors.mqtt import BrokerConfig
 from core.spec import ExperimentSpec, load_spec
+from sim.base import Environment
 from sim.device import DeviceSettings, SimulatorDevice
-from sim.registry import make_environment
+from sim.registry import environment_names, make_environment
 
 log = structlog.get_logger("agent.demo")
 
 DEFAULT_ENV = "dropwave"  # two actions: the agent visibly finds the peak within 30 rounds
 DEFAULT_ROUNDS = 30
+SPEC_ENV_SEED = 0  # the instance of a seeded environment that examples/<env>.yaml describes
+
+
+class DemoError(ValueError):
+    """The demo's options cannot work; the message is one line for the user."""
 
 
 @dataclass
@@ -174,17 +191,60 @@ async def _broker(address: str | None) -> AsyncIterator[tuple[str, int, str]]:
         async with embedded_broker() as port:
             yield "127.0.0.1", port, "3.1.1"  # amqtt speaks 3.1.1 only
         return
+    host, port = _broker_address(address)
+    yield host, port, "auto"
+
+
+def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
+    """The demo's spec and environment, checked before anything starts.
+
+    Raises:
+        DemoError: unknown environment or policy, a policy the spec cannot use, a bad --broker.
+    """
+    if options.env not in environment_names():
+        raise DemoError(
+            f"unknown environment {options.env!r}; known: {', '.join(environment_names())}"
+        )
+    if options.broker is not None:
+        _broker_address(options.broker)
+    try:
+        spec = demo_spec(options)
+    except ExamplesNotFound as error:
+        raise DemoError(str(error)) from None
+    problems = check_policy(spec)
+    if problems:
+        policy = spec.policy.name
+        hint = ""
+        if policy == "dgpucb":
+            usable = ", ".join(decomposed_environments())
+            hint = f" (dgpucb needs a decomposed reward: --env {usable})"
+        problem = problems[0].removeprefix(f"{policy}: ")
+        raise DemoError(f"--policy {policy} on --env {options.env}: {problem}{hint}")
+    return spec, make_environment(options.env, SPEC_ENV_SEED)
+
+
+def decomposed_environments() -> list[str]:
+    """Environments whose example spec decomposes the reward into components (D-GP-UCB's need)."""
+    return [
+        name for name in environment_names() if load_spec(example_spec_path(name)).reward.components
+    ]
+
+
+def _broker_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--broker expects HOST:PORT, got {address!r}")
-    yield host, int(port), "auto"
+        raise DemoError(f"--broker expects HOST:PORT, got {address!r}")
+    return host, int(port)
 
 
 async def run_demo(options: DemoOptions, console: Console | None = None) -> DemoResult:
-    """Run the demo to the end; returns what it measured."""
+    """Run the demo to the end; returns what it measured.
+
+    Raises:
+        DemoError: before anything starts, when the options cannot work (`prepare_demo`).
+    """
     console = console or Console()
-    spec = demo_spec(options)
-    env = make_environment(options.env, options.seed)
+    spec, env = prepare_demo(options)
     options.out.mkdir(parents=True, exist_ok=True)
     store_path = options.out / "demo.sqlite"
     for suffix in ("", "-wal", "-shm"):  # a demo starts afresh every time
@@ -288,5 +348,9 @@ def main(options: DemoOptions) -> int:
     """Entry point of `cbo-agent demo`."""
     console = Console()
     options.live = options.live and console.is_terminal and sys.stdout.isatty()
-    result = asyncio.run(run_demo(options, console))
+    try:
+        result = asyncio.run(run_demo(options, console))
+    except DemoError as error:
+        print(f"cbo-agent demo: error: {error}", file=sys.stderr)
+        return 2
     return 0 if result.rounds > 0 else 1

@@ -3,6 +3,12 @@
 Both stop cleanly on SIGINT or SIGTERM (a container's stop): the service publishes its
 retained "offline" status and closes the store; an interrupted round is re-published (same id)
 by the next start.
+
+When every experiment has finished (round limit or budget), the service exits 0 — or, with
+`keep_serving` (`--keep-serving`, CBO_KEEP_SERVING), stays up until it is signalled: /metrics
+keeps the final values, /healthz and /readyz keep answering, the broker session stays open and
+late feedback is still stored. It reports the end as the log event `agent.finished` and the
+gauge `cbo_experiment_finished{experiment}` (0 while running, 1 once finished).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from typing import Any
 import structlog
 
 from agent.config import AgentConfig
+from agent.experiment import Experiment
 from agent.runtime import AgentService
-from core.spec import SpecError, load_spec
+from core.spec import ExperimentSpec, SpecError, load_spec
 
 log = structlog.get_logger("agent.serve")
 
@@ -36,8 +43,45 @@ async def _until_signalled(work: Coroutine[Any, Any, None]) -> None:
         log.info("process.stopping", reason="signal")
 
 
-def run_service(spec_paths: Sequence[str], config: AgentConfig) -> int:
-    """Load specs and serve them until they finish or the process is told to stop."""
+class ServedAgent(AgentService):
+    """The service as `cbo-agent run` runs it: reports finished experiments, may stay up.
+
+    Args:
+        config: where and as whom to run; `config.keep_serving` keeps the process up (serving
+            metrics, health and the broker session) after every experiment has finished.
+        specs: the experiments.
+    """
+
+    def __init__(self, config: AgentConfig, specs: Sequence[ExperimentSpec]) -> None:
+        super().__init__(config, specs)
+        self.keep_serving = config.keep_serving
+        self.done: set[str] = set()
+
+    async def _drive(self, exp: Experiment) -> None:
+        await super()._drive(exp)  # returns once the experiment has finished
+        self.done.add(exp.name)
+        if self.done == set(self.experiments):
+            log.info(
+                "agent.finished",
+                experiments=sorted(self.done),
+                keep_serving=self.keep_serving,
+                next="serving until stopped" if self.keep_serving else "exiting",
+            )
+        if self.keep_serving:
+            await self._serve_finished(exp)
+
+    async def _serve_finished(self, exp: Experiment) -> None:
+        """Keep draining a finished experiment's input: late readings are stored and still
+        teach the model, anything else is rejected with a reason, and every message is
+        acknowledged (unacknowledged ones would fill the broker's in-flight window)."""
+        inbox = self._inboxes[exp.name]
+        while True:
+            batch = await self._next_batch(inbox, None)
+            await self._handle(exp, batch)
+
+
+def load_specs(spec_paths: Sequence[str]) -> list[ExperimentSpec] | None:
+    """The specs, or None after printing one line per problem (with the file) to stderr."""
     specs = []
     for path in spec_paths:
         try:
@@ -45,8 +89,16 @@ def run_service(spec_paths: Sequence[str], config: AgentConfig) -> int:
         except SpecError as error:
             for problem in error.problems:
                 print(f"{path}: {problem}", file=sys.stderr)
-            return 2
-    asyncio.run(_until_signalled(AgentService(config, specs).run()))
+            return None
+    return specs
+
+
+def run_service(spec_paths: Sequence[str], config: AgentConfig) -> int:
+    """Load specs and serve them until they finish (or, with keep_serving, until signalled)."""
+    specs = load_specs(spec_paths)
+    if specs is None:
+        return 2
+    asyncio.run(_until_signalled(ServedAgent(config, specs).run()))
     return 0
 
 

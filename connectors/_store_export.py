@@ -1,8 +1,9 @@
 """Writers for `Store.export`: one CSV or Parquet file per table, written atomically.
 
 A table arrives as a column spec (name, kind) and rows of plain values. CSV needs only the
-standard library; Parquet needs pyarrow, which is optional: without it `write_parquet` raises
-`ParquetUnavailable` before any file is touched, and the message suggests CSV.
+standard library; Parquet needs pyarrow, the project's `parquet` extra (which the image and the
+test extra install): without it `write_parquet` raises `ParquetUnavailable` before any file is
+touched, and the message says how to install it or to use CSV.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def require_pyarrow() -> Any:
     except ImportError as exc:
         raise ParquetUnavailable(
             "Parquet export needs pyarrow, which is not installed "
-            "(pip install pyarrow); use fmt='csv' instead"
+            "(pip install 'cbo-agent[parquet]', or pyarrow); use fmt='csv' (--format csv) instead"
         ) from exc
     return pyarrow
 

@@ -12,7 +12,8 @@
 #   TORCH_VERSION     the torch release to pin                                (2.13.0)
 #   TORCH_INDEX_URL   index holding the torch build, e.g. PyTorch's CPU or a CUDA wheel index;
 #                     empty: pip's configured indexes (this machine: the CPU wheel on disk)
-#   CBO_EXTRAS        project extras, comma separated, e.g. "test"            (none)
+#   CBO_EXTRAS        project extras, comma separated: "test" (the Makefile), "parquet"
+#                     (the Dockerfile: pyarrow for `cbo-agent export --format parquet`)   (none)
 #   CBO_EDITABLE      1: editable install (development); 0: a regular one (images)   (0)
 #   CBO_DRY_RUN       1: print the commands instead of running them
 set -euo pipefail

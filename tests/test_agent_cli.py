@@ -1,11 +1,21 @@
-"""The command line: export, and the service's refusal of bad specs and configuration."""
+"""The command line: export, the service's refusal of bad input, and how a finished service ends."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
 
+import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from agent.bench._chaos_procs import child_environment, cli, write_spec
 from agent.cli import main
 from agent.experiment import Experiment
 from connectors.store import Store
@@ -69,3 +79,97 @@ def test_run_refuses_bad_configuration(tmp_path, capsys):
     spec.write_text("{}")
     assert main(["run", str(spec), "--config", str(config)]) == 2
     assert "metrics.port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("/specs/experiment.yaml", "no such spec file; in a container, mount your specs at /specs"),
+        ("{tmp}/missing.yaml", "missing.yaml: no such spec file"),
+        ("{tmp}", "a directory, not a spec file"),
+    ],
+)
+def test_run_names_a_missing_spec_file_in_one_line(tmp_path, capsys, where, message):
+    """The image's default argument /specs/experiment.yaml exists only if mounted."""
+    path = where.format(tmp=tmp_path)
+    assert main(["run", path, "--store", str(tmp_path / "s.db")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"cbo-agent run: {path}: ") and message in line
+    assert not (tmp_path / "s.db").exists()
+
+
+# ---- the end of an experiment: exit 0 (default) or keep serving until SIGTERM ----------------
+
+
+def _events(log: Path) -> list[dict]:
+    events = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    return events
+
+
+def _wait_for_event(log: Path, name: str, process: subprocess.Popen, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [e for e in _events(log) if e.get("event") == name]
+        if found:
+            return found[0]
+        assert process.poll() is None, f"exited {process.returncode}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {name} in {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return reply.status, reply.read().decode()
+
+
+@pytest.mark.integration
+def test_a_finished_agent_keeps_serving_when_asked_and_exits_0_by_default(mosquitto, tmp_path):
+    """With --keep-serving the agent stays up after its last round (compose and Kubernetes
+    restart whatever exits), serves its final metrics and health, says it has finished, and
+    stops cleanly on SIGTERM; without it, the same finished experiment makes `run` exit 0."""
+    spec = tmp_path / "keep.yaml"
+    write_spec(spec, env="toygraph", rounds=3, budget_total=None, name="keep")
+    environ = child_environment()
+    agent = [*cli(), "run", str(spec), "--broker", mosquitto.url,
+             "--store", str(tmp_path / "agent.sqlite"), "--metrics-port", "0"]  # fmt: skip
+    device_argv = [*cli(), "sim", "toygraph", "--experiment", "keep", "--broker", mosquitto.url]
+    log_path = tmp_path / "agent.log"
+    with open(tmp_path / "device.log", "w") as device_log, open(log_path, "w") as log:
+        device = subprocess.Popen(device_argv, stderr=device_log, stdout=device_log, env=environ)
+        served = subprocess.Popen([*agent, "--keep-serving"], stderr=log, env=environ)
+    try:
+        url = _wait_for_event(log_path, "agent.started", served, 60)["metrics"]
+        event = _wait_for_event(log_path, "agent.finished", served, 120)
+        assert event["keep_serving"] is True and event["experiments"] == ["keep"]
+        time.sleep(2.0)  # past the moment the default would have exited
+        assert served.poll() is None, "the agent exited although told to keep serving"
+        assert _get(f"{url}/healthz")[0] == 200
+        assert _get(f"{url}/readyz")[0] == 200  # broker session kept
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(_get(f"{url}/metrics")[1])
+            for s in family.samples
+        }
+        keep = (("experiment", "keep"),)
+        assert samples[("cbo_experiment_finished", keep)] == 1
+        assert samples[("cbo_rounds_total", keep)] == 3  # the final values stay visible
+        assert ("cbo_cumulative_regret", keep) in samples
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(30) == 0
+    finally:
+        for process in (served, device):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(30)
+    names = [e["event"] for e in _events(log_path)]
+    assert names[-2:] == ["agent.stopped", "process.stopping"]  # the store closed, then out
+
+    # the default, for scripts and benchmarks: the finished experiment (replayed from the
+    # store, as a restart would) makes `run` exit 0 by itself
+    with open(tmp_path / "default.log", "w") as log:
+        assert subprocess.run(agent, stderr=log, env=environ, timeout=120).returncode == 0
+    finished = [e for e in _events(tmp_path / "default.log") if e["event"] == "agent.finished"]
+    assert len(finished) == 1 and finished[0]["keep_serving"] is False

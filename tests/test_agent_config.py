@@ -54,3 +54,24 @@ def test_bad_configuration_names_the_setting(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("environ", "flag", "expected"),
+    [
+        ({}, None, False),  # the default: `run` exits 0 once every experiment has finished
+        ({"CBO_KEEP_SERVING": "true"}, None, True),
+        ({"CBO_KEEP_SERVING": "1"}, None, True),
+        ({"CBO_KEEP_SERVING": "false"}, None, False),
+        ({"CBO_KEEP_SERVING": "true"}, False, False),  # --no-keep-serving beats the image's env
+        ({}, True, True),
+    ],
+)
+def test_keep_serving_from_environment_and_flag(environ, flag, expected):
+    config = load_config(overrides={("keep_serving",): flag}, environ=environ)
+    assert config.keep_serving is expected
+
+
+def test_keep_serving_must_be_a_boolean():
+    with pytest.raises(ConfigError, match="keep_serving"):
+        load_config(environ={"CBO_KEEP_SERVING": "sometimes"})

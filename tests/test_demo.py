@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 from rich.console import Console
 
 from agent.cli import main
-from agent.demo import DemoOptions, run_demo
+from agent.demo import SPEC_ENV_SEED, DemoOptions, prepare_demo, run_demo
 from connectors.store import Store
+from sim.registry import make_environment
 
 
 @pytest.mark.integration
@@ -48,3 +50,48 @@ def test_demo_command_prints_rounds_and_the_plot(tmp_path, capsys):
     assert code == 0
     assert out.count("round ") >= 5 and "regret plot:" in out
     assert (tmp_path / "regret.png").exists()
+
+
+def test_demo_refuses_a_policy_its_environment_cannot_use_before_starting(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code = main(["demo", "--no-live", "--policy", "dgpucb", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    (line,) = captured.err.splitlines()
+    assert line.startswith("cbo-agent demo: error: --policy dgpucb on --env dropwave:")
+    assert "not decomposed" in line and "--env decomposed-synthetic, sir, weather" in line
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not out.exists()  # nothing started: no store, no plot
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "nowhere"], "unknown environment 'nowhere'; known: toygraph"),
+        (["--policy", "nope"], "policy.name: unknown policy 'nope'"),
+        (["--broker", "localhost"], "--broker expects HOST:PORT"),
+    ],
+)
+def test_demo_refuses_bad_options_in_one_line(tmp_path, capsys, argv, message):
+    assert main(["demo", "--no-live", "--out", str(tmp_path / "demo"), *argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("cbo-agent demo: error:") and message in line
+
+
+@pytest.mark.integration
+def test_demo_seed_varies_the_run_not_the_environment_of_the_spec(tmp_path):
+    """weather draws other sensors per seed; the demo's device must be the spec's instance, or
+    it would reject every action (off its sensors)."""
+    options = DemoOptions(
+        env="weather", policy="random", rounds=3, seed=1, live=False, out=tmp_path, metrics_port=0
+    )
+    spec, env = prepare_demo(options)
+    assert env is make_environment("weather", SPEC_ENV_SEED)
+    assert torch.equal(torch.as_tensor(spec.candidates, dtype=env.candidates.dtype), env.candidates)
+    assert spec.initial_design.seed == 1
+    result = asyncio.run(run_demo(options, Console(width=120, record=True)))
+    assert result.rounds == 3
+    with Store(tmp_path / "demo.sqlite") as store:
+        (name,) = store.experiment_names()
+        assert {r.status for r in store.rounds(name)} == {"closed"}
+        assert len(store.readings(name)) >= 3 * 3  # the three components of every round

@@ -132,6 +132,10 @@ def exported_series() -> tuple[set[str], set[str]]:
     metrics.set_observations("e", "Y", 3)
     metrics.observe_gp_update("e", 0.001)
     metrics.observe_decision("e", 0.01)
+    metrics.observe_policy("e", 0.01)
+    metrics.proposal_rejected("e", "budget_per_round")
+    metrics.device_overspend("e", "ack_after_expiry")
+    metrics.set_finished("e", False)
     metrics.observe_round_wait("e", 0.1)
     metrics.message("e", "reading", "accepted")
     samples, families = set(), set()
@@ -492,6 +496,31 @@ def test_compose_agent_environment_is_what_the_agent_reads() -> None:
     image_env = dockerfile_env()
     for key in ("CBO_METRICS_HOST", "CBO_METRICS_PORT", "CBO_STORE_PATH"):
         assert image_env[key] == environment[key], key
+
+
+def test_restarted_agents_keep_serving_once_finished() -> None:
+    """compose and Kubernetes restart an agent that exits, so a finished experiment would be
+    replayed and finish again, forever: everywhere we ship, the agent stays up instead."""
+    assert service("agent")["restart"] != "no"
+    assert agent_config.load_config(environ=service_environment("agent")).keep_serving
+    (container,) = k8s("Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert agent_config.load_config(environ=env).keep_serving
+    assert agent_config.load_config(environ=dockerfile_env()).keep_serving  # plain `docker run`
+
+
+def test_the_image_and_the_tests_install_the_parquet_extra() -> None:
+    """`cbo-agent export --format parquet` needs pyarrow: wherever we ship, and where we test."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]  # fmt: skip
+    assert any(r.startswith("pyarrow") for r in extras["parquet"])
+    assert any(r.startswith("pyarrow") for r in extras["test"])
+    text = dockerfile()
+    chosen = re.search(r"^ARG CBO_EXTRAS=(\S+)$", text, re.MULTILINE)
+    assert chosen and "parquet" in chosen.group(1).split(",")
+    (install,) = [r for r in re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.MULTILINE)
+                  if "deploy/install.sh /opt/venv" in r]  # fmt: skip
+    assert 'CBO_EXTRAS="${CBO_EXTRAS}"' in install
 
 
 def test_compose_agent_and_simulator_serve_the_same_experiment() -> None:

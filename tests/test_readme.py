@@ -1,11 +1,23 @@
-"""The README's Python examples run as written: docs that match the code."""
+"""The README matches the code: its Python examples run as written, its configuration table lists
+every setting, variable and flag of `cbo-agent run`, and the demo's policies it lists work."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
+from pydantic import BaseModel
+
+from agent.cli import RUN_FLAG_SETTINGS, build_parser
+from agent.config import _ENVIRONMENT, AgentConfig
+from agent.demo import DemoOptions, decomposed_environments, demo_spec
+from agent.validate import check_policy
+from policies.registry import policy_names
+from sim.registry import environment_names
+
 README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIG_HEADER = "| setting | variable | flag |"
 
 
 def test_python_examples_in_readme_run():
@@ -13,3 +25,99 @@ def test_python_examples_in_readme_run():
     assert blocks, "the README has no Python example"
     for block in blocks:
         exec(compile(block, str(README), "exec"), {})
+
+
+# ---- the configuration table ------------------------------------------------------------------
+
+
+def config_table() -> list[tuple[str | None, list[str], list[str]]]:
+    """(setting key or None, variables, flags) of each row of the README's configuration table."""
+    lines = README.read_text().splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(CONFIG_HEADER)]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        key, variables, flags = (re.findall(r"`([^`]+)`", cell) for cell in line.split("|")[1:4])
+        assert len(key) <= 1, f"one setting per row: {line}"
+        rows.append((key[0] if key else None, variables, flags))
+    return rows
+
+
+def config_keys(model: type[BaseModel] = AgentConfig, prefix: str = "") -> set[str]:
+    """Every leaf setting of the configuration file, dotted: broker.url, metrics.port, ..."""
+    keys = set()
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            keys |= config_keys(kind, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def run_options() -> dict[str, str]:
+    """Option string -> dest of every flag `cbo-agent run` accepts (global ones included)."""
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    options = {}
+    for action in [*parser._actions, *commands.choices["run"]._actions]:
+        for option in action.option_strings:
+            if option not in ("-h", "--help"):
+                options[option] = action.dest
+    return options
+
+
+def test_readme_configuration_table_lists_every_setting_variable_and_flag():
+    rows = config_table()
+    keys = [key for key, _, _ in rows if key is not None]
+    assert sorted(keys) == sorted(config_keys()), "README table vs agent/config.py settings"
+    variables = [v for _, row_variables, _ in rows for v in row_variables]
+    assert sorted(variables) == sorted(_ENVIRONMENT), "README table vs agent/config.py variables"
+    options = run_options()
+    flags = [f for _, _, row_flags in rows for f in row_flags]
+    assert sorted(flags) == sorted(options), "README table vs `cbo-agent run` flags"
+    for key, row_variables, row_flags in rows:
+        for variable in row_variables:
+            assert ".".join(_ENVIRONMENT[variable]) == key, f"{variable} sets {key}?"
+        for flag in row_flags:
+            if key is None:
+                assert flag == "--config", f"{flag} sets no setting in the table"
+                continue
+            dest = options[flag]
+            assert dest in RUN_FLAG_SETTINGS, f"{flag} is not passed to the configuration"
+            assert ".".join(RUN_FLAG_SETTINGS[dest]) == key, f"{flag} sets {key}?"
+
+
+def test_every_run_flag_reaches_the_configuration():
+    dests = set(run_options().values()) - {"config"}
+    assert dests == set(RUN_FLAG_SETTINGS)
+    for path in RUN_FLAG_SETTINGS.values():
+        assert ".".join(path) in config_keys()
+
+
+# ---- the demo's policies ----------------------------------------------------------------------
+
+
+def demo_paragraph() -> str:
+    text = README.read_text()
+    return text.split("**The demo**", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
+
+
+def test_readme_lists_the_demo_policies_that_work():
+    paragraph = demo_paragraph()
+    anywhere = re.search(r"`--policy ([a-z|]+)` \(any environment\)", paragraph)
+    decomposed = re.search(r"`--policy (\w+)` only with `--env ([a-z|-]+)`", paragraph)
+    assert anywhere and decomposed, paragraph
+    general = anywhere.group(1).split("|")
+    assert sorted([*general, decomposed.group(1)]) == sorted(policy_names())
+    for env in environment_names():
+        spec = demo_spec(DemoOptions(env=env))
+        for policy in general:
+            candidate = spec.model_copy(
+                update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
+            )
+            assert check_policy(candidate) == [], (env, policy)
+    assert sorted(decomposed.group(2).split("|")) == sorted(decomposed_environments())
+    for env in decomposed.group(2).split("|"):
+        assert check_policy(demo_spec(DemoOptions(env=env, policy=decomposed.group(1)))) == []
