@@ -140,6 +140,7 @@ class _Chaos:
         self.kills_before_ack = 0
         self.connection_cuts = 0
         self.closed_at_cuts: list[int] = []
+        self._sessions_before_cut = 0  # agent sessions seen when the last cut was made
         self.live_audits = 0
         self.audit: LiveAudit | None = None  # the last audit, or the first that disagreed
         self.log: list[str] = []
@@ -275,9 +276,15 @@ class _Chaos:
         proxy = self.cluster.proxy
         assert proxy is not None, "connection cuts need the cluster's proxy"
         time.sleep(self.rng.uniform(0.0, 1.0))
+        # A cut must sever a session, not a reconnection still in its handshake: wait until the
+        # agent has subscribed again since the previous cut.
+        if not self._wait_for_session(self._sessions_before_cut):
+            self._note("the agent had no new session since the last cut: not cut")
+            return
         if not proxy.wait_for_connection(STARTUP_S):
             self._note("no connection of the agent to cut")
             return
+        self._sessions_before_cut = self._sessions()
         refuse_s = self.rng.uniform(0.0, self.options.max_downtime_s)
         closed = self._closed()
         severed = proxy.cut(refuse_s=refuse_s)
@@ -285,6 +292,21 @@ class _Chaos:
             self.connection_cuts += 1
             self.closed_at_cuts.append(closed)
         self._note(f"cut the agent's connection ({severed} reset), refused for {refuse_s:.2f} s")
+
+    def _sessions(self) -> int:
+        return len(self.cluster.agent_events("agent.subscribed"))
+
+    def _wait_for_session(self, seen: int) -> bool:
+        """Wait until the agent has had more than `seen` sessions; False if it died or none
+        came within the start-up time."""
+        agent = self.cluster.agent
+        assert agent is not None
+        deadline = time.monotonic() + STARTUP_S
+        while self._sessions() <= seen:
+            if not agent.alive or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     # ------------------------------------------------------------------ live audit
     def follow(self) -> None:
