@@ -65,17 +65,8 @@ def test_policy_beats_random_fast(env_name, policy_name):
 @pytest.mark.slow
 @pytest.mark.parametrize("env_name", ENVIRONMENTS)
 @pytest.mark.parametrize("policy_name", ["mcbo", "eifn", "gpucb"])
-def test_policy_beats_random(env_name, policy_name, request):
+def test_policy_beats_random(env_name, policy_name):
     rounds = 15
-    if (env_name, policy_name) == ("dropwave", "eifn"):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="EI-FN (log EI) spends its first 15 rounds of seed 0 on Dropwave's low "
-                "plateau (0.100 vs random 0.140); over 100 rounds it beats random on every seed "
-                "(docs/benchmarks.md: cumulative regret 39 vs 87, 5 seeds)",
-            )
-        )
     assert average_reward(env_name, policy_name, rounds) > average_reward(
         env_name, "random", rounds
     )
