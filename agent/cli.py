@@ -245,6 +245,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks (print a table, save JSON and plots)")
+    # A benchmark's output is its table and progress bar; the agents and devices it runs log
+    # only warnings unless --log-level says otherwise.
+    bench.set_defaults(default_log_level="warning")
     which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     gp = which.add_parser(
         "gp-update",
@@ -484,7 +487,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level or "info", args.log_format or "auto")
+    level = args.log_level or getattr(args, "default_log_level", "info")
+    configure_logging(level, args.log_format or "auto")
     handler: Handler = args.handler
     return handler(args)
 
