@@ -171,7 +171,13 @@ class Experiment:
             seed = spec.initial_design.seed
         self.rng = torch.Generator().manual_seed(seed)
         self.rounds: dict[int, LiveRound] = {}
-        self._open: set[int] = set()  # numbers of rounds that may still be open
+        # Rounds not yet closed, by number; kept exactly (added when proposed or recovered open,
+        # removed where a round closes), so the driver loop's checks never scan closed rounds.
+        self._open: dict[int, LiveRound] = {}
+        # A lower bound on the earliest timer (ack timeout, retry, expiry, round timeout) of an
+        # open round, or None when unknown. A round closing can only make the true earliest
+        # timer later, so it keeps the bound; a timer set or moved clears it (`_timers_moved`).
+        self._timer_floor: float | None = None
         self.regret = RegretTracker(spec)
         self.finished_reason: str | None = None
         self._last_publish_at: float | None = None
@@ -217,8 +223,6 @@ class Experiment:
                 attempt=max(row.attempt, 1),
                 expires_at=expiries.get(row.round, row.expires_at),
             )
-            if status in OPEN_STATUSES:
-                self._open.add(row.round)
             # the model learns from what the device reported applied (clamped, say)
             applied = row.applied if row.applied is not None else row.intervention
             self.rounds[row.round] = LiveRound(
@@ -235,6 +239,9 @@ class Experiment:
                 acked_at=now if status is RoundStatus.ACKED else None,
                 closed_at=row.status_at if status not in OPEN_STATUSES else None,
             )
+            if status in OPEN_STATUSES:
+                self._open[row.round] = self.rounds[row.round]
+        self._open = dict(sorted(self._open.items()))
         published = [row.proposed_at for row in rows if row.attempt > 0]
         if published:  # the rate limit holds across restarts (a crash loop must not flood)
             self._last_publish_at = max(published)
@@ -312,13 +319,12 @@ class Experiment:
 
     @property
     def open_rounds(self) -> list[LiveRound]:
-        stale = [n for n in self._open if not self.rounds[n].is_open]
-        self._open.difference_update(stale)  # closed since: O(open rounds), not O(all)
-        return [self.rounds[n] for n in sorted(self._open)]
+        """Rounds not closed yet, in round order (a copy: safe to close them while iterating)."""
+        return list(self._open.values())
 
     @property
     def in_flight(self) -> int:
-        return len(self.open_rounds)
+        return len(self._open)
 
     @property
     def finished(self) -> bool:
@@ -369,20 +375,37 @@ class Experiment:
     def next_deadline(self, now: float) -> float:
         """Seconds until something is due (an ack or round timeout, or the rate limit)."""
         schedule = self.spec.schedule
-        deadlines = [math.inf]
-        for live in self.open_rounds:
-            if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
-                deadlines.append(live.published_at + schedule.ack_timeout_s)
-                if live.retry_at is not None:
-                    deadlines.append(live.retry_at)
-                if live.action.expires_at is not None:
-                    deadlines.append(live.action.expires_at)
-            elif live.status is RoundStatus.ACKED and live.acked_at is not None:
-                deadlines.append(live.acked_at + schedule.round_timeout_s)
+        deadlines = [self._earliest_timer()]
         can_start = self.in_flight < schedule.pipeline and not self.finished
         if can_start and self._last_publish_at is not None and schedule.min_interval_s > 0:
             deadlines.append(self._last_publish_at + schedule.min_interval_s)
         return max(min(deadlines) - now, 0.0)
+
+    def _earliest_timer(self) -> float:
+        """A lower bound on the earliest timer of an open round (math.inf: none); O(1) unless a
+        timer moved since the last call or the bound has passed."""
+        if self._timer_floor is None:
+            self._timer_floor = min(
+                (t for live in self._open.values() for t in self._timers(live)), default=math.inf
+            )
+        return self._timer_floor
+
+    def _timers(self, live: LiveRound) -> list[float]:
+        """When `due` has something to do for this round (the same conditions it checks)."""
+        schedule = self.spec.schedule
+        if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
+            timers = [live.published_at + schedule.ack_timeout_s]
+            if live.retry_at is not None:
+                timers.append(live.retry_at)
+            if live.action.expires_at is not None:
+                timers.append(live.action.expires_at)
+            return timers
+        if live.status is RoundStatus.ACKED and live.acked_at is not None:
+            return [live.acked_at + schedule.round_timeout_s]
+        return []
+
+    def _timers_moved(self) -> None:
+        self._timer_floor = None
 
     # ------------------------------------------------------------------ decisions
     def propose(self) -> LiveRound | None:
@@ -530,7 +553,7 @@ class Experiment:
             proposed_at=now,
         )
         self.rounds[number] = live
-        self._open.add(number)
+        self._open[number] = live
         if self.spec.schedule.pipeline > 1:  # other rounds will be proposed before this returns
             live.pending = self.model.add_pending(live.intervention)
         if self.metrics:
@@ -558,6 +581,7 @@ class Experiment:
         now = self.clock()
         first = live.published_at is None
         live.published_at = now
+        self._timers_moved()
         self._last_publish_at = now
         if live.status is RoundStatus.PROPOSED:
             live.status = RoundStatus.PUBLISHED
@@ -584,6 +608,7 @@ class Experiment:
         now = self.clock()
         live.action = live.action.next_attempt(at=now)
         live.published_at = now  # the ack timeout restarts with every publication
+        self._timers_moved()
         self.store.bump_attempt(self.name, number)
         return live.action
 
@@ -601,6 +626,7 @@ class Experiment:
         now = self.clock()
         if ack.status == "rejected" and ack.reason == BUSY:
             live.retry_at = now + BUSY_RETRY_S  # the device will take it when it has room
+            self._timers_moved()
             return Verdict("accepted")
         if ack.status == "rejected":
             self._end(live, RoundStatus.REJECTED, now, f"device rejected: {ack.reason}")
@@ -612,6 +638,7 @@ class Experiment:
             if applied is not None:
                 self.store.set_applied(self.name, live.number, applied)
         live.status, live.acked_at = RoundStatus.ACKED, now
+        self._timers_moved()
         if applied is not None:
             self.model.history[live.model_round].intervention = applied
         self._maybe_close(live, now)
@@ -676,7 +703,13 @@ class Experiment:
         self._export_budget()
 
     def on_readings(self, readings: Iterable[Reading]) -> list[Verdict]:
-        """Join a batch of readings: store them, then update the model once per round."""
+        """Join a batch of readings: store them, then update the model once per round.
+
+        One durable commit per batch holds the readings and what teaching writes (round closes,
+        model snapshots): a commit (an fsync) costs more than the rest of a small batch. Nothing
+        is acknowledged to the broker before this returns, so should the commit fail, the
+        broker still holds every reading of the batch for the next life.
+        """
         now = self.clock()
         verdicts: list[Verdict] = []
         fresh: dict[int, dict[str, float]] = {}
@@ -684,9 +717,6 @@ class Experiment:
             for reading in readings:
                 verdict = self._admit(reading, fresh, now)
                 verdicts.append(verdict)
-        # The readings are durable now; what teaching writes (round closes, model snapshots)
-        # is committed together, once per batch.
-        with self.store.transaction():
             for number, values in fresh.items():
                 self._teach(self.rounds[number], values, now)
         return verdicts
@@ -801,6 +831,9 @@ class Experiment:
     # ------------------------------------------------------------------ time
     def due(self, now: float) -> list[Action]:
         """Handle timeouts: actions to re-publish now (closed or expired rounds are handled)."""
+        if now < self._earliest_timer():
+            return []
+        self._timers_moved()  # rounds re-published or closed below move the earliest timer
         schedule = self.spec.schedule
         again: list[Action] = []
         for live in self.open_rounds:
@@ -813,6 +846,7 @@ class Experiment:
                 if now - live.published_at < schedule.ack_timeout_s and not retry:
                     continue
                 live.retry_at = None
+                self._timers_moved()
                 if expires_at is None and live.action.attempt > schedule.ack_retries:
                     self._end(live, RoundStatus.EXPIRED, now, "no ack")
                 else:  # until it expires, the action goes out again now and then
@@ -832,6 +866,7 @@ class Experiment:
     def _close(self, live: LiveRound, now: float, why: str) -> None:
         self._forget_pending(live)
         live.status, live.closed_at = RoundStatus.CLOSED, now
+        self._open.pop(live.number, None)
         self.store.set_round_status(self.name, live.number, RoundStatus.CLOSED, now, why)
         self._last_close_at = live.last_reading_at if why == "complete" else now
         missing = sorted(set(self.model.order) - set(live.readings))
@@ -871,6 +906,7 @@ class Experiment:
             self.store.set_round_status(self.name, live.number, status, now, why)
             self.store.release(self.name, live.number, now)
         live.status, live.closed_at = status, now
+        self._open.pop(live.number, None)
         self._export_budget()
         self.log.warning(f"round.{status}", round=live.number, why=why)
         self.on_event(
