@@ -314,6 +314,19 @@ def test_alpine2_budget_charges_and_checks_its_initial_design(tmp_path):
         assert total > in_policy_rounds  # the design is charged too
 
 
+def test_each_weather_seed_plays_among_its_own_sensors(tmp_path):
+    """The seed places the sensors: seeds other than the spec's (0) must use theirs — every
+    such run failed on its first round when the spec's list was kept."""
+    out = tmp_path / "out"
+    regret.run(["weather"], ["random"], 2, 2, out, workers=1, console=quiet())
+    for seed in (0, 1):
+        run = json.loads((out / f"runs/weather/random/seed{seed}.json").read_text())
+        assert run["status"] == "ok", run.get("error")
+        sensors = make_environment("weather", seed).candidates.tolist()
+        for record in [*run["initial_design"], *run["history"]]:
+            assert [record["intervention"]["lat"], record["intervention"]["lon"]] in sensors
+
+
 def test_violations_name_each_broken_constraint(examples):
     examples("toygraph", lambda d: d.update(constraints={"budget_total": 2.5}))
     spec = load_spec(examples_dir() / "toygraph.yaml")

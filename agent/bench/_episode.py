@@ -119,7 +119,7 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
     rng = torch.Generator().manual_seed(policy_seed)
 
     env = make_environment(config.env, config.seed)
-    spec = load_spec(config.spec)
+    spec = spec_for(env, load_spec(config.spec))
     model = NetworkModel(spec)
     policy = make_policy(config.policy, spec, config.settings)
     optimum = env.optimum
@@ -165,6 +165,18 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             record["violations"] = problems
         payload["history"].append(record)
     payload["status"] = "ok"
+
+
+def spec_for(env: Environment, spec: ExperimentSpec) -> ExperimentSpec:
+    """The spec with the environment's own finite action set, where it has one.
+
+    Each seed of an environment is a new task; where the admissible actions are part of the
+    task (weather: the seed places the sensors), the spec's list, written for seed 0, gives way
+    to the seed's.
+    """
+    if env.candidates is None or spec.candidates is None:
+        return spec
+    return spec.model_copy(update={"candidates": env.candidates.tolist()})
 
 
 def _initial_design(
