@@ -717,8 +717,7 @@ class Experiment:
             for reading in readings:
                 verdict = self._admit(reading, fresh, now)
                 verdicts.append(verdict)
-            for number, values in fresh.items():
-                self._teach(self.rounds[number], values, now)
+            self._teach_batch([(self.rounds[n], values) for n, values in fresh.items()], now)
         return verdicts
 
     def _admit(self, reading: Reading, fresh: dict[int, dict[str, float]], now: float) -> Verdict:
@@ -782,15 +781,54 @@ class Experiment:
             return None
 
     def _teach(self, live: LiveRound, values: dict[str, float], now: float) -> None:
+        """Teach the model one round's new readings."""
         self._forget_pending(live)  # the real readings replace the round's pending points
         live.readings.update(values)
         live.last_reading_at = now
+        self._teach_round(live, values, now)
+
+    def _teach_batch(self, batch: list[tuple[LiveRound, dict[str, float]]], now: float) -> None:
+        """Teach the model several rounds' new readings with one block update.
+
+        `NetworkModel.observe_many` reads each node's factor once for the whole batch instead of
+        once per round; everything else happens per round as in `_teach`. Should the block
+        fail, the rounds are taught one by one: a bad row must not stop the others.
+        """
+        if len(batch) <= 1:
+            for live, values in batch:
+                self._teach(live, values, now)
+            return
+        for live, values in batch:
+            self._forget_pending(live)  # before learning, as in `_teach`
+            live.readings.update(values)
+            live.last_reading_at = now
+        started = time.perf_counter()
+        try:
+            report = self.model.observe_many([(live.model_round, v) for live, v in batch])
+        except Exception:
+            self.log.exception(
+                "model.update_failed",
+                rounds=[live.number for live, _ in batch],
+                readings=[values for _, values in batch],
+            )
+            for live, values in batch:  # the readings are stored: teach what each round can
+                self._teach_round(live, values, now)
+            return
+        self._taught([live for live, _ in batch], report, time.perf_counter() - started, now)
+
+    def _teach_round(self, live: LiveRound, values: dict[str, float], now: float) -> None:
         started = time.perf_counter()
         report = self._observe(live, values)
-        if report is None:
-            self._maybe_close(live, now)
+        self._taught([live], report, time.perf_counter() - started, now)
+
+    def _taught(
+        self, lives: list[LiveRound], report: LearnReport | None, seconds: float, now: float
+    ) -> None:
+        """After a model update of `lives` (in order): metrics, snapshot, regret, round closes."""
+        if report is None:  # the update failed (logged): only the round lifecycle goes on
+            for live in lives:
+                self._maybe_close(live, now)
             return
-        seconds = time.perf_counter() - started
         if self.metrics:
             self.metrics.observe_gp_update(self.name, seconds)
             for node, count in zip(self.model.order, report_counts(self.model), strict=True):
@@ -798,18 +836,21 @@ class Experiment:
         if report.rebuilt:
             self._save_model_state()
         if report.refit:
+            numbers = [live.number for live in lives]
+            where = {"round": numbers[0]} if len(numbers) == 1 else {"rounds": numbers}
             self.log.info(
                 "model.refit",
-                round=live.number,
+                **where,
                 nodes=[self.model.order[j] for j in report.refit],
                 failed=[self.model.order[j] for j in report.refit_failed],
             )
-        # the reward as read, or composed from its components (a decomposed reward)
-        reward = self.model.history[live.model_round].readings.get(self.model.reward_node)
-        if reward is not None and self.regret.last_reward_round != live.number:
-            self.regret.observe_reward(live.number, reward)
-            self._export_regret()
-        self._maybe_close(live, now)
+        for live in lives:
+            # the reward as read, or composed from its components (a decomposed reward)
+            reward = self.model.history[live.model_round].readings.get(self.model.reward_node)
+            if reward is not None and self.regret.last_reward_round != live.number:
+                self.regret.observe_reward(live.number, reward)
+                self._export_regret()
+            self._maybe_close(live, now)
 
     def on_oracle(self, oracle: Oracle) -> Verdict:
         live = self.rounds.get(oracle.round)

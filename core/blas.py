@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -140,6 +141,57 @@ def solve_lower_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> N
         return
     block = buffer[:n, :n]
     rhs.copy_(torch.linalg.solve_triangular(block, rhs.unsqueeze(-1), upper=False).squeeze(-1))
+
+
+def _blas_rows_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
+    """Whether `rhs` (k, n), rows contiguous and spaced by its row stride, can go to `?trsm_`."""
+    return (
+        buffer.device.type == "cpu"
+        and rhs.device.type == "cpu"
+        and buffer.dtype in _TRSM
+        and rhs.dtype == buffer.dtype
+        and buffer.stride(1) == 1
+        and rhs.stride(1) == 1
+        and rhs.stride(0) >= max(rhs.shape[1], 1)
+        and not rhs.requires_grad
+        and not buffer.requires_grad
+    )
+
+
+def solve_lower_rows_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
+    """Overwrite each row r of `rhs` (k, n) with L⁻¹ r, reading L (lower n×n) in place.
+
+    One `?trsm_` with k right-hand sides reads the factor once, where k calls of
+    `solve_lower_in_buffer_` would read it k times; the factor is memory-bound, so this is the
+    whole gain of a block append. The rows of `rhs` may be rows of `buffer` itself below the
+    factor (the rows being appended): the solve reads rows :n and writes only `rhs`.
+
+    Args:
+        buffer: (capacity, capacity) tensor, row-major; the lower triangle of its leading n×n
+            block is read.
+        n: size of the factor.
+        rhs: (k, n) tensor whose rows are contiguous (any row stride ≥ n), overwritten.
+    """
+    if n == 0 or rhs.shape[0] == 0:
+        return
+    if rhs.shape[1] != n:
+        raise ValueError(f"right-hand sides must have {n} columns; got {tuple(rhs.shape)}")
+    if not _blas_rows_usable(buffer, rhs):
+        block = buffer[:n, :n]
+        rhs.copy_(torch.linalg.solve_triangular(block, rhs.mT, upper=False).mT)
+        return
+    # Row-major rows are column-major columns: each row of rhs is one right-hand side of the
+    # "upper, transposed" solve (see `_blas_solve_lower_`), ldb being the row stride.
+    _TRSM[buffer.dtype][0](
+        *_UPPER_TRANSPOSED,
+        ctypes.byref(_INT(n)),
+        ctypes.byref(_INT(rhs.shape[0])),
+        _ALPHA[buffer.dtype],
+        buffer.data_ptr(),
+        ctypes.byref(_INT(buffer.stride(0))),
+        rhs.data_ptr(),
+        ctypes.byref(_INT(rhs.stride(0))),
+    )
 
 
 def _raw_usable(*tensors: torch.Tensor) -> bool:
@@ -278,6 +330,17 @@ def _self_test() -> None:
             continue
         expected = torch.linalg.solve_triangular(lower, rhs.unsqueeze(-1), upper=False)
         if not torch.allclose(x, expected.squeeze(-1), rtol=1e-4, atol=1e-5):
+            del _TRSM[dtype]
+            _DOT.pop(dtype, None)
+            continue
+        rows = torch.randn(3, 8, generator=gen, dtype=dtype)  # several right-hand sides
+        solved = rows.clone()
+        expected = torch.linalg.solve_triangular(lower, rows[:, :5].mT, upper=False).mT
+        try:
+            solve_lower_rows_in_buffer_(buffer, 5, solved[:, :5])
+        except Exception:  # as above: a BLAS that cannot do this is not used
+            solved.fill_(math.nan)
+        if not torch.allclose(solved[:, :5], expected, rtol=1e-4, atol=1e-5):
             del _TRSM[dtype]
             _DOT.pop(dtype, None)
             continue

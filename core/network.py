@@ -201,6 +201,49 @@ class NetworkModel:
         arrived. Nodes set by a hard intervention never learn from the round.
         """
         record = self.history[round_index]
+        self._admit(record, readings)
+        ready = self._complete_nodes(record)
+        report = self._learn(record, ready, refit)
+        record.learned |= set(ready)
+        if self._flat is not None:
+            self._flat_learn(round_index, refit)
+        return report
+
+    def observe_many(
+        self, batch: Sequence[tuple[int, Readings]], *, refit: bool = True
+    ) -> LearnReport:
+        """`observe` for each (round index, readings) in order, the node GPs learning at once.
+
+        Every row that becomes complete is learned by one `IncrementalGP.learn_block` (a
+        member's rows in batch order; members may learn different numbers of rows), so a batch
+        reads each node's factor once instead of once per round. The refit, window and drift
+        schedule therefore runs once, at the end (see `learn_block`); the flat model, if built,
+        still learns round by round as with `observe`. Should a reading be invalid (an unknown
+        node, a value that is not finite), the rounds before it are learned, then it raises.
+
+        Returns:
+            One report for the batch: refit, refit_failed and rebuilt merged over the node GPs'
+            block, forgotten its total, surprise (b,) each node's largest over its rows (NaN
+            where it learned nothing).
+        """
+        rows: list[tuple[Round, str]] = []
+        queued: dict[int, set[str]] = {}  # per round, nodes already in the block
+        try:
+            for round_index, readings in batch:
+                record = self.history[round_index]
+                self._admit(record, readings)
+                waiting = queued.setdefault(round_index, set())
+                ready = [node for node in self._complete_nodes(record) if node not in waiting]
+                waiting.update(ready)
+                rows += [(record, node) for node in ready]
+                if self._flat is not None:  # its own GP: learning it first changes nothing
+                    self._flat_learn(round_index, refit)
+        finally:  # on a bad reading, the rounds before it are learned, as observe would
+            report = self._learn_rows(rows, refit)
+        return report
+
+    def _admit(self, record: Round, readings: Readings) -> None:
+        """Store a round's new readings (checked) and compose a decomposed reward."""
         for node, value in readings.items():
             if node not in self.inputs:
                 raise KeyError(f"unknown node {node!r}")
@@ -209,12 +252,46 @@ class NetworkModel:
                 raise ValueError(f"reading of {node} is not finite: {value}")
             record.readings[node] = value
         self._compose_reward(record)
-        ready = self._complete_nodes(record)
-        report = self._learn(record, ready, refit)
-        record.learned |= set(ready)
-        if self._flat is not None:
-            self._flat_learn(round_index, refit)
+
+    def _learn_rows(self, rows: Sequence[tuple[Round, str]], refit: bool) -> LearnReport:
+        """Learn (round, node) rows with one block: each node's rows in the order given."""
+        b = len(self.order)
+        per_member: list[list[tuple[Round, str]]] = [[] for _ in range(b)]
+        for record, node in rows:
+            per_member[self.member[node]].append((record, node))
+        k = max(1, *(len(member_rows) for member_rows in per_member))
+        # Python lists, then one tensor each: a tensor write per value would cost more than the
+        # block's own small operations.
+        width = self.input_dim
+        x = [[[0.0] * width for _ in range(k)] for _ in range(b)]
+        y = [[0.0] * k for _ in range(b)]
+        mask = [[False] * k for _ in range(b)]
+        for j, member_rows in enumerate(per_member):
+            for i, (record, node) in enumerate(member_rows):
+                row = self.node_input_row(node, record.readings, record.intervention)
+                x[j][i][: len(row)] = row
+                y[j][i] = record.readings[node]
+                mask[j][i] = True
+        opts = {"dtype": self.dtype, "device": self.device}
+        try:
+            report = self.gp.learn_block(
+                torch.tensor(x, **opts),
+                torch.tensor(y, **opts),
+                torch.tensor(mask, device=self.device),
+                refit=refit,
+            )
+        except ValueError:  # refused before anything was learned: the rows may be taught again
+            raise
+        except Exception:  # past the appends (a rebuild or fit failed): the rows are learned
+            self._mark_learned(rows)
+            raise
+        self._mark_learned(rows)
         return report
+
+    @staticmethod
+    def _mark_learned(rows: Sequence[tuple[Round, str]]) -> None:
+        for record, node in rows:
+            record.learned.add(node)
 
     def learn(
         self, intervention: Intervention, readings: Readings, *, refit: bool = True
