@@ -577,7 +577,7 @@ class IncrementalGP:
 
         The result is the model that k calls `learn_one(x[:, i], y[:, i], mask[:, i],
         refit=False)`, i = 0..k-1, followed by one pass of the window/drift/refit schedule
-        leave: the schedule is checked once per block, at its end (a drift or window that
+        would leave: the schedule is checked once per block, at its end (a drift or window that
         would fire mid-block fires there; the standardization stays fixed within the block,
         exactly as between appends). Per member with n rows and k' new ones:
 
