@@ -95,55 +95,7 @@ _ONE_RHS = ctypes.byref(_INT(1))
 _ALPHA = {dtype: ctypes.byref(scalar(1.0)) for dtype, (_, scalar) in _TRSM.items()}
 
 
-def _blas_solve_lower_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
-    """BLAS call: overwrite `rhs` with L⁻¹ rhs, L the lower n×n block of row-major `buffer`."""
-    fn = _TRSM[buffer.dtype][0]
-    # A row-major buffer read as column-major (lda = row stride) is Lᵀ, an upper factor; solving
-    # Lx = b is therefore "upper, transposed" in BLAS terms.
-    fn(
-        *_UPPER_TRANSPOSED,
-        ctypes.byref(_INT(n)),
-        _ONE_RHS,
-        _ALPHA[buffer.dtype],
-        buffer.data_ptr(),
-        ctypes.byref(_INT(buffer.stride(0))),
-        rhs.data_ptr(),
-        ctypes.byref(_INT(max(n, 1))),
-    )
-
-
 def _blas_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
-    return (
-        buffer.device.type == "cpu"
-        and buffer.dtype in _TRSM
-        and rhs.dtype == buffer.dtype
-        and buffer.stride(1) == 1
-        and rhs.is_contiguous()
-        and not rhs.requires_grad
-        and not buffer.requires_grad
-    )
-
-
-def solve_lower_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
-    """Overwrite `rhs` (n,) with L⁻¹ rhs, L the lower triangle of `buffer[:n, :n]` read in place.
-
-    Args:
-        buffer: (capacity, capacity) tensor, row-major; only the lower triangle of its leading
-            n×n block is read.
-        n: size of the factor.
-        rhs: (n,) contiguous right-hand side, overwritten; it may be a row of another buffer
-            (the row being appended).
-    """
-    if n == 0:
-        return
-    if _blas_usable(buffer, rhs):
-        _blas_solve_lower_(buffer, n, rhs)
-        return
-    block = buffer[:n, :n]
-    rhs.copy_(torch.linalg.solve_triangular(block, rhs.unsqueeze(-1), upper=False).squeeze(-1))
-
-
-def _blas_rows_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
     """Whether `rhs` (k, n), rows contiguous and spaced by its row stride, can go to `?trsm_`."""
     return (
         buffer.device.type == "cpu"
@@ -158,13 +110,31 @@ def _blas_rows_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
     )
 
 
+def _blas_solve_rows_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
+    """BLAS call: overwrite each row of `rhs` (k, n) with L⁻¹ row, L the lower n×n block of
+    row-major `buffer`."""
+    # A row-major buffer read as column-major (lda = row stride) is Lᵀ, an upper factor; solving
+    # Lx = b is therefore "upper, transposed" in BLAS terms, and each row of rhs is one
+    # column-major right-hand side (ldb = its row stride).
+    _TRSM[buffer.dtype][0](
+        *_UPPER_TRANSPOSED,
+        ctypes.byref(_INT(n)),
+        ctypes.byref(_INT(rhs.shape[0])),
+        _ALPHA[buffer.dtype],
+        buffer.data_ptr(),
+        ctypes.byref(_INT(buffer.stride(0))),
+        rhs.data_ptr(),
+        ctypes.byref(_INT(rhs.stride(0))),
+    )
+
+
 def solve_lower_rows_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
     """Overwrite each row r of `rhs` (k, n) with L⁻¹ r, reading L (lower n×n) in place.
 
-    One `?trsm_` with k right-hand sides reads the factor once, where k calls of
-    `solve_lower_in_buffer_` would read it k times; the factor is memory-bound, so this is the
-    whole gain of a block append. The rows of `rhs` may be rows of `buffer` itself below the
-    factor (the rows being appended): the solve reads rows :n and writes only `rhs`.
+    One `?trsm_` with k right-hand sides reads the factor once, where k solves would read it k
+    times; the factor is memory-bound, so this is the whole gain of a block append. The rows of
+    `rhs` may be rows of `buffer` itself below the factor (the rows being appended): the solve
+    reads rows :n and writes only `rhs`.
 
     Args:
         buffer: (capacity, capacity) tensor, row-major; the lower triangle of its leading n×n
@@ -176,22 +146,24 @@ def solve_lower_rows_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor)
         return
     if rhs.shape[1] != n:
         raise ValueError(f"right-hand sides must have {n} columns; got {tuple(rhs.shape)}")
-    if not _blas_rows_usable(buffer, rhs):
-        block = buffer[:n, :n]
-        rhs.copy_(torch.linalg.solve_triangular(block, rhs.mT, upper=False).mT)
+    if _blas_usable(buffer, rhs):
+        _blas_solve_rows_(buffer, n, rhs)
         return
-    # Row-major rows are column-major columns: each row of rhs is one right-hand side of the
-    # "upper, transposed" solve (see `_blas_solve_lower_`), ldb being the row stride.
-    _TRSM[buffer.dtype][0](
-        *_UPPER_TRANSPOSED,
-        ctypes.byref(_INT(n)),
-        ctypes.byref(_INT(rhs.shape[0])),
-        _ALPHA[buffer.dtype],
-        buffer.data_ptr(),
-        ctypes.byref(_INT(buffer.stride(0))),
-        rhs.data_ptr(),
-        ctypes.byref(_INT(rhs.stride(0))),
-    )
+    block = buffer[:n, :n]
+    rhs.copy_(torch.linalg.solve_triangular(block, rhs.mT, upper=False).mT)
+
+
+def solve_lower_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
+    """Overwrite `rhs` (n,) with L⁻¹ rhs, L the lower triangle of `buffer[:n, :n]` read in place.
+
+    Args:
+        buffer: (capacity, capacity) tensor, row-major; only the lower triangle of its leading
+            n×n block is read.
+        n: size of the factor.
+        rhs: (n,) right-hand side, overwritten; it may be a row of another buffer (the row
+            being appended).
+    """
+    solve_lower_rows_in_buffer_(buffer, n, rhs.unsqueeze(0))
 
 
 def _raw_usable(*tensors: torch.Tensor) -> bool:
@@ -320,25 +292,12 @@ def _self_test() -> None:
         lower = torch.linalg.cholesky(a @ a.mT + 5 * torch.eye(5, dtype=dtype))
         buffer = torch.zeros(8, 8, dtype=dtype)
         buffer[:5, :5] = lower
-        rhs = torch.randn(5, generator=gen, dtype=dtype)
-        x = rhs.clone()
-        try:
-            _blas_solve_lower_(buffer, 5, x)
-        except Exception:  # a foreign BLAS that fails to load or run is simply not used
-            del _TRSM[dtype]
-            _DOT.pop(dtype, None)
-            continue
-        expected = torch.linalg.solve_triangular(lower, rhs.unsqueeze(-1), upper=False)
-        if not torch.allclose(x, expected.squeeze(-1), rtol=1e-4, atol=1e-5):
-            del _TRSM[dtype]
-            _DOT.pop(dtype, None)
-            continue
-        rows = torch.randn(3, 8, generator=gen, dtype=dtype)  # several right-hand sides
+        rows = torch.randn(3, 8, generator=gen, dtype=dtype)  # strided right-hand sides
         solved = rows.clone()
         expected = torch.linalg.solve_triangular(lower, rows[:, :5].mT, upper=False).mT
         try:
-            solve_lower_rows_in_buffer_(buffer, 5, solved[:, :5])
-        except Exception:  # as above: a BLAS that cannot do this is not used
+            _blas_solve_rows_(buffer, 5, solved[:, :5])
+        except Exception:  # a foreign BLAS that fails to load or run is simply not used
             solved.fill_(math.nan)
         if not torch.allclose(solved[:, :5], expected, rtol=1e-4, atol=1e-5):
             del _TRSM[dtype]

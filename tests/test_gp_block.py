@@ -167,7 +167,6 @@ def test_torch_fallback_equals_blas():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(core.blas, "_raw_usable", lambda *tensors: False)
         patch.setattr(core.blas, "_blas_usable", lambda buffer, rhs: False)
-        patch.setattr(core.blas, "_blas_rows_usable", lambda buffer, rhs: False)
         twin.learn_block(x, y, mask)
     assert_same_posterior(model, twin, torch.rand(2, 6, 3, generator=gen, dtype=torch.float64))
 
