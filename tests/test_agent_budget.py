@@ -17,18 +17,11 @@ from structlog.testing import capture_logs
 
 from agent.experiment import Experiment, RoundStatus
 from connectors.metrics import AgentMetrics
-from connectors.schemas import Ack, Reading
+from connectors.schemas import Ack
 from connectors.store import Store
 from core.spec import parse_spec
 from policies.base import Proposal
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.test_agent_join import Clock, ack, reading
 
 
 class Scripted:
@@ -215,17 +208,7 @@ def expire(exp: Experiment, clock: Clock) -> int:
 
 
 def applied_ack(exp: Experiment, number: int, at: float) -> Ack:
-    live = exp.rounds[number]
-    return Ack(
-        experiment=exp.name,
-        round=number,
-        action_id=live.action.action_id,
-        device_id="dev",
-        status="applied",
-        reason=None,
-        applied=live.intervention,
-        at=at,
-    )
+    return ack(exp, number).model_copy(update={"at": at})
 
 
 def overspends(metrics: AgentMetrics, reason: str) -> float:
@@ -284,18 +267,7 @@ def test_an_action_applied_after_expiry_is_charged_past_the_budget_and_recorded(
         ) == pytest.approx(0.0)
         exp.on_ack(applied_ack(exp, second.number, at=clock.now))
         exp.on_readings(
-            [
-                Reading(
-                    experiment="paid",
-                    round=second.number,
-                    node=node,
-                    value=0.5,
-                    seq=seq,
-                    device_id="d",
-                    at=clock.now,
-                )
-                for seq, node in enumerate("AY")
-            ]
+            [reading(exp, second.number, node, 0.5, seq) for seq, node in enumerate("AY")]
         )
         assert exp.rounds[second.number].status is RoundStatus.CLOSED
         assert not exp.can_propose(clock.now)
@@ -310,18 +282,9 @@ def test_readings_of_an_expired_round_are_charged_once_and_teach_the_model():
         exp = paid(store, clock, metrics, budget_total=10.0)
         number = expire(exp, clock)
 
-        def reading(node: str, value: float, seq: int) -> Reading:
-            return Reading(
-                experiment="paid",
-                round=number,
-                node=node,
-                value=value,
-                seq=seq,
-                device_id="d",
-                at=clock.now,
-            )
-
-        verdicts = exp.on_readings([reading("A", 0.5, 1), reading("Y", 1.0, 2)])
+        verdicts = exp.on_readings(
+            [reading(exp, number, "A", 0.5, 1), reading(exp, number, "Y", 1.0, 2)]
+        )
         assert [v.outcome for v in verdicts] == ["late", "late"]
         assert store.ledger("paid").spent == 2.0
         assert overspends(metrics, "readings_after_expiry") == 1

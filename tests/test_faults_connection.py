@@ -26,9 +26,8 @@ from agent.bench.chaos import ChaosOptions, run_chaos
 from agent.experiment import Experiment
 from connectors.metrics import AgentMetrics, MetricsServer
 from connectors.mosquitto import find_mosquitto
-from connectors.schemas import Ack, Reading
 from connectors.store import Store
-from core.spec import ExperimentSpec, parse_spec
+from tests.test_agent_join import ack, chain_spec, reading
 
 
 # ------------------------------------------------------------------------------- the proxy
@@ -99,52 +98,14 @@ def test_the_proxy_forwards_resets_and_refuses_for_a_moment(echo_port: int) -> N
 
 
 # ------------------------------------------------------------------------------- the live audit
-def hard_chain() -> ExperimentSpec:
-    """A -> B -> C with a hard intervention on B: B learns nothing from rounds that set it."""
-    return parse_spec(
-        {
-            "name": "audit",
-            "intervention": "hard",
-            "nodes": [
-                {"name": "A", "bounds": [0, 1], "noise_std": 0.1},
-                {"name": "B", "parents": ["A"], "bounds": [-2, 2], "noise_std": 0.1},
-                {"name": "C", "parents": ["B"], "bounds": [-4, 4], "noise_std": 0.1},
-            ],
-            "actions": [{"name": "u", "targets": ["B"], "bounds": [-1, 1]}],
-            "target_sets": [[], ["u"]],
-            "reward": {"node": "C"},
-            "model": {"refit_every": None, "misfit_z": None},
-            "policy": {"name": "random"},
-        }
-    )
-
-
 def run_round(exp: Experiment, seq: int, skip: tuple[str, ...] = ()) -> int:
     live = exp.propose()
     assert live is not None
     exp.mark_published(live.number)
-    exp.on_ack(
-        Ack(
-            experiment=exp.name,
-            round=live.number,
-            action_id=live.action.action_id,
-            device_id="dev",
-            status="applied",
-            applied=live.intervention,
-            at=0.0,
-        )
-    )
+    exp.on_ack(ack(exp, live.number))
     values = {"A": 0.5, "B": 0.2, "C": 0.4}
     exp.on_readings(
-        Reading(
-            experiment=exp.name,
-            round=live.number,
-            node=node,
-            value=value,
-            seq=seq + i,
-            device_id="dev",
-            at=0.0,
-        )
+        reading(exp, live.number, node, value, seq + i)
         for i, (node, value) in enumerate(values.items())
         if node not in skip
     )
@@ -154,7 +115,7 @@ def run_round(exp: Experiment, seq: int, skip: tuple[str, ...] = ()) -> int:
 def test_the_live_audit_fails_when_a_stored_reading_never_reached_the_model(
     tmp_path: Path,
 ) -> None:
-    spec = hard_chain()
+    spec = chain_spec("hard")  # B learns nothing from rounds that set it
     path = tmp_path / "agent.sqlite"
     metrics = AgentMetrics()
     with Store(path) as store, MetricsServer(metrics.registry, lambda: (True, "ok")) as server:
