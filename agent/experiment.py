@@ -465,15 +465,9 @@ class Experiment:
             return self._vet(proposal, constraints), policy
         except Violation as violation:
             self._refuse(policy, proposal, violation)
-            if policy is self.explorer:
-                if violation.reason == "unknown_action":
-                    raise ValueError(violation.detail) from None
-                raise
-        fallback = self.explorer.propose(self.model, constraints, self.rng)
-        try:
-            return self._vet(fallback, constraints), self.explorer
-        except Violation as violation:
-            self._refuse(self.explorer, fallback, violation)
+            if policy is not self.explorer:
+                fallback = self.explorer.propose(self.model, constraints, self.rng)
+                return self._admissible(fallback, self.explorer, constraints)
             if violation.reason == "unknown_action":
                 raise ValueError(violation.detail) from None
             raise
@@ -717,7 +711,8 @@ class Experiment:
             for reading in readings:
                 verdict = self._admit(reading, fresh, now)
                 verdicts.append(verdict)
-            self._teach_batch([(self.rounds[n], values) for n, values in fresh.items()], now)
+            if fresh:
+                self._teach([(self.rounds[n], values) for n, values in fresh.items()], now)
         return verdicts
 
     def _admit(self, reading: Reading, fresh: dict[int, dict[str, float]], now: float) -> Verdict:
@@ -780,28 +775,20 @@ class Experiment:
             self.log.exception("model.update_failed", round=live.number, readings=values)
             return None
 
-    def _teach(self, live: LiveRound, values: dict[str, float], now: float) -> None:
-        """Teach the model one round's new readings."""
-        self._forget_pending(live)  # the real readings replace the round's pending points
-        live.readings.update(values)
-        live.last_reading_at = now
-        self._teach_round(live, values, now)
-
-    def _teach_batch(self, batch: list[tuple[LiveRound, dict[str, float]]], now: float) -> None:
-        """Teach the model several rounds' new readings with one block update.
+    def _teach(self, batch: list[tuple[LiveRound, dict[str, float]]], now: float) -> None:
+        """Teach the model the new readings of a batch's rounds, several with one block update.
 
         `NetworkModel.observe_many` reads each node's factor once for the whole batch instead of
-        once per round; everything else happens per round as in `_teach`. Should the block
-        fail, the rounds are taught one by one: a bad row must not stop the others.
+        once per round; everything else happens per round. Should the block fail, the rounds
+        are taught one by one: a bad row must not stop the others.
         """
-        if len(batch) <= 1:
-            for live, values in batch:
-                self._teach(live, values, now)
-            return
         for live, values in batch:
-            self._forget_pending(live)  # before learning, as in `_teach`
+            self._forget_pending(live)  # the real readings replace the round's pending points
             live.readings.update(values)
             live.last_reading_at = now
+        if len(batch) == 1:
+            self._teach_round(*batch[0], now)
+            return
         started = time.perf_counter()
         try:
             report = self.model.observe_many([(live.model_round, v) for live, v in batch])
