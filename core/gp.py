@@ -516,12 +516,8 @@ class IncrementalGP:
         with self._pending_detached():
             self._ensure_capacity(max(self._rows) + 1 + len(self._pending))
             surprise = self._append(self._scale(x), y.tolist(), learners)
-            misfit_z = self.config.misfit_z
             for j in learners:
-                self._real[j] += 1
-                self._since_refit[j] += 1
-                if misfit_z is not None and surprise[j] > misfit_z:
-                    self._refit_due[j] = True
+                self._count_learned(j, [surprise[j]])
             report = self._after_new_data(refit)
         report.surprise = torch.tensor(surprise, dtype=self.dtype, device=self.device)
         return report
@@ -614,16 +610,20 @@ class IncrementalGP:
             self._ensure_capacity(max(self._rows) + x.shape[1] + len(self._pending))
             with _one_thread():
                 surprises = self._append_block(self._scale(x), y.tolist(), chosen)
-            misfit_z = self.config.misfit_z
             for j, values in enumerate(surprises):
-                self._real[j] += len(values)
-                self._since_refit[j] += len(values)
-                if misfit_z is not None and any(s > misfit_z for s in values):
-                    self._refit_due[j] = True
+                self._count_learned(j, values)
             report = self._after_new_data(refit)
         largest = [max(values) if values else math.nan for values in surprises]
         report.surprise = torch.tensor(largest, dtype=self.dtype, device=self.device)
         return report
+
+    def _count_learned(self, member: int, surprises: Sequence[float]) -> None:
+        """Count a member's newly learned rows; a surprising one makes a refit due."""
+        self._real[member] += len(surprises)
+        self._since_refit[member] += len(surprises)
+        misfit_z = self.config.misfit_z
+        if misfit_z is not None and any(s > misfit_z for s in surprises):
+            self._refit_due[member] = True
 
     def _after_new_data(self, refit: bool, restandardize: Sequence[int] = ()) -> LearnReport:
         """Window, drift and refit schedule; the members they touch are rebuilt once."""
