@@ -282,13 +282,13 @@ class AgentService:
                     await self._publish_action(exp, live.action)
                     exp.mark_published(live.number)
                     continue
-            if exp.finished and not exp.open_rounds:
+            if exp.finished and not exp.in_flight:
                 self.metrics.set_finished(exp.name, True)
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
                 return
-            timeout = exp.next_deadline(time.time()) if exp.open_rounds else None
-            if exp.spec.schedule.min_interval_s and not exp.open_rounds and not exp.finished:
+            timeout = exp.next_deadline(time.time()) if exp.in_flight else None
+            if exp.spec.schedule.min_interval_s and not exp.in_flight and not exp.finished:
                 timeout = exp.next_deadline(time.time())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
