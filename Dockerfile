@@ -42,6 +42,7 @@ COPY policies policies
 COPY connectors connectors
 COPY agent agent
 COPY sim sim
+COPY bench bench
 RUN TORCH_VERSION="${TORCH_VERSION}" TORCH_INDEX_URL="${TORCH_INDEX_URL}" \
     CBO_EXTRAS="${CBO_EXTRAS}" bash deploy/install.sh /opt/venv
 

@@ -14,7 +14,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _bench_gp_update(args: argparse.Namespace) -> int:
-    from agent.bench import gp_update
+    from bench import gp_update
 
     json_path = args.json
     plot_path = args.plot or (json_path.with_suffix(".png") if json_path else None)
@@ -23,7 +23,7 @@ def _bench_gp_update(args: argparse.Namespace) -> int:
 
 
 def _bench_regret(args: argparse.Namespace) -> int:
-    from agent.bench import regret
+    from bench import regret
 
     if args.list:
         regret.list_choices()
@@ -216,14 +216,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _bench_ingest(args: argparse.Namespace) -> int:
-    from agent.bench import ingest
+    from bench import ingest
 
     ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
     return 0
 
 
 def _bench_chaos(args: argparse.Namespace) -> int:
-    from agent.bench import chaos
+    from bench import chaos
 
     options = chaos.ChaosOptions(
         kills=args.kills,

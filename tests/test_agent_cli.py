@@ -15,9 +15,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.bench._chaos_procs import child_environment, cli, write_spec
 from agent.cli import main
 from agent.experiment import Experiment
+from bench.harness.procs import child_environment, cli, write_spec
 from connectors.store import Store
 from tests.test_agent_join import ack, chain_spec, reading
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from agent.bench import gp_update
 from agent.cli import main
+from bench import gp_update
 
 
 def test_gp_update_benchmark_writes_json_and_plot(tmp_path):

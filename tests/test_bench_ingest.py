@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agent.bench import ingest
 from agent.paths import EXAMPLES_ENV_VAR, examples_dir
+from bench import ingest
 from sim.registry import environment_names
 
 

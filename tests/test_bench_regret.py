@@ -16,10 +16,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from agent.bench import _episode, regret
-from agent.bench._episode import plain
 from agent.cli import main
 from agent.paths import EXAMPLES_ENV_VAR, examples_dir
+from bench import regret
+from bench.harness import episode
+from bench.harness.episode import plain
 from core.spec import load_spec
 from policies.base import Constraints
 from policies.registry import policy_names
@@ -194,7 +195,7 @@ def test_resuming_skips_finished_runs(tiny, tmp_path):
     older.write_text(json.dumps({**json.loads(older.read_text()), "version": 1}))
     stale = regret.run(ENVS, ["random"], SEEDS, ROUNDS, out, workers=1, console=quiet())
     assert (stale.ran, stale.loaded) == (1, 3)  # a run of an older version is redone
-    assert json.loads(older.read_text())["version"] == _episode.RUN_VERSION
+    assert json.loads(older.read_text())["version"] == episode.RUN_VERSION
 
     with pytest.raises(regret.BadArguments, match="--force"):
         regret.run(ENVS, ["random"], SEEDS, ROUNDS + 1, out, workers=1, console=quiet())
@@ -203,14 +204,14 @@ def test_resuming_skips_finished_runs(tiny, tmp_path):
 
 
 def test_a_failing_run_is_reported_and_the_others_finish(tmp_path, monkeypatch):
-    real = _episode.make_environment
+    real = episode.make_environment
 
     def broken_for_seed_1(name, seed=0):
         if seed == 1:
             raise RuntimeError("simulated crash")
         return real(name, seed)
 
-    monkeypatch.setattr(_episode, "make_environment", broken_for_seed_1)
+    monkeypatch.setattr(episode, "make_environment", broken_for_seed_1)
     result = regret.run(["dropwave"], ["random"], 2, 2, tmp_path, workers=1, console=quiet())
     assert (result.ran, result.failed) == (2, 1)
     failed = json.loads((tmp_path / "runs/dropwave/random/seed1.json").read_text())
@@ -222,7 +223,7 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path, monkeypatch):
     assert (row["seeds"], row["seeds_failed"], row["se_cumulative_regret"]) == (1, 1, None)
     assert "simulated crash" in (tmp_path / "summary.md").read_text()
 
-    monkeypatch.setattr(_episode, "make_environment", real)
+    monkeypatch.setattr(episode, "make_environment", real)
     retried = regret.run(["dropwave"], ["random"], 2, 2, tmp_path, workers=1, console=quiet())
     assert (retried.ran, retried.loaded, retried.failed) == (1, 1, 0)
 
@@ -331,11 +332,11 @@ def test_violations_name_each_broken_constraint(examples):
     examples("toygraph", lambda d: d.update(constraints={"budget_total": 2.5}))
     spec = load_spec(examples_dir() / "toygraph.yaml")
     limits = Constraints(budget_remaining=0.5)
-    problems = _episode.violations(spec, limits, {"do_X0": 1.0}, 1.0, 3.0)
+    problems = episode.violations(spec, limits, {"do_X0": 1.0}, 1.0, 3.0)
     assert problems == ["cost 1 > round cap 0.5", "spent 3 > total budget 2.5"]
-    assert _episode.violations(spec, Constraints(), {"do_X0": 1.0}, 1.0, 1.0) == []
+    assert episode.violations(spec, Constraints(), {"do_X0": 1.0}, 1.0, 1.0) == []
     both = {"do_X0": 1.0, "do_X1": 2.0}
-    problems = _episode.violations(spec, Constraints(), both, 2.0, 2.0)
+    problems = episode.violations(spec, Constraints(), both, 2.0, 2.0)
     assert problems == ["target set ['do_X0', 'do_X1'] not allowed"]
 
 

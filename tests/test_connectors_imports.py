@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FORBIDDEN = ("torch", "gpytorch", "botorch", "core", "policies", "agent", "sim", "numpy")
+FORBIDDEN = ("torch", "gpytorch", "botorch", "core", "policies", "agent", "sim", "bench", "numpy")
 PROBE = """
 import json, sys
 import connectors, connectors.metrics, connectors.mqtt, connectors.schemas, connectors.store

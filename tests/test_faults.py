@@ -1,7 +1,7 @@
 """Fault tests: kill -9 the agent and the broker, and check what the contracts promise.
 
 Everything runs on 127.0.0.1 with the CLI as subprocesses (`cbo-agent run`, `cbo-agent sim`) and a
-Mosquitto with persistence (`agent.bench._chaos_procs.Cluster`), as `cbo-agent bench chaos`
+Mosquitto with persistence (`bench.harness.procs.Cluster`), as `cbo-agent bench chaos`
 does at a larger scale. The contracts (docs/reliability.md): nothing accepted is lost, the budget
 is never overspent (also across crashes), an action takes effect once. Cuts of the agent's
 connection alone, and the live audit of its model: tests/test_faults_connection.py.
@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench._chaos_check import DeviceRecord, device_record
-from agent.bench._chaos_procs import (
+from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.runtime import AgentService
+from bench.chaos import ChaosOptions, run_chaos
+from bench.harness.check import DeviceRecord, device_record
+from bench.harness.procs import (
     EXPERIMENT,
     Cluster,
     DeviceOptions,
@@ -26,9 +29,6 @@ from agent.bench._chaos_procs import (
     wait_until,
     write_spec,
 )
-from agent.bench.chaos import ChaosOptions, run_chaos
-from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
-from agent.runtime import AgentService
 from connectors.mosquitto import find_mosquitto
 from connectors.mqtt import BrokerConfig
 from connectors.store import LedgerRow, ReadingRow, RoundRow, Store

@@ -1,11 +1,11 @@
 """Connection cuts and the live audit: the agent's link severed while the broker stays up.
 
-`cbo-agent bench chaos` puts a TCP proxy (`agent.bench._tcp_proxy.TcpProxy`) between the agent and
+`cbo-agent bench chaos` puts a TCP proxy (`bench.harness.tcp_proxy.TcpProxy`) between the agent and
 Mosquitto and resets the agent's connection at it (both ways, then refusing new connections for a
 moment) while the broker and the simulator device keep running. Everything is on 127.0.0.1.
 
 "Readings in the model" comes from the running agent: its /metrics (`cbo_observations` per node),
-compared with the rows the store's readings complete (`agent.bench._chaos_check.LiveAudit`). The
+compared with the rows the store's readings complete (`bench.harness.check.LiveAudit`). The
 in-process test below shows that comparison fails when a stored reading never reached the model.
 """
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench._chaos_check import _live_checks, audit_once, stored_rows
-from agent.bench._chaos_procs import DeviceOptions
-from agent.bench._tcp_proxy import TcpProxy
-from agent.bench.chaos import ChaosOptions, run_chaos
 from agent.experiment import Experiment
+from bench.chaos import ChaosOptions, run_chaos
+from bench.harness.check import audit_once, live_checks, stored_rows
+from bench.harness.procs import DeviceOptions
+from bench.harness.tcp_proxy import TcpProxy
 from connectors.metrics import AgentMetrics, MetricsServer
 from connectors.mosquitto import find_mosquitto
 from connectors.store import Store
@@ -132,7 +132,7 @@ def test_the_live_audit_fails_when_a_stored_reading_never_reached_the_model(
         assert audit.exported and audit.agrees, audit
         assert audit.live.observations == rows.rows
         assert audit.readings_in_model == audit.readings_accepted == 8 * 3 - 1
-        assert all(check.ok for check in _live_checks(audit)), _live_checks(audit)
+        assert all(check.ok for check in live_checks(audit)), live_checks(audit)
 
         # An agent that stores a reading and then drops it (never teaches its model):
         live = exp.propose()
@@ -143,7 +143,7 @@ def test_the_live_audit_fails_when_a_stored_reading_never_reached_the_model(
         assert not dropped.agrees
         assert dropped.live.observations["A"] == dropped.store.rows["A"] - 1
         assert dropped.readings_in_model == dropped.readings_accepted - 1
-        assert not _live_checks(dropped)[0].ok
+        assert not live_checks(dropped)[0].ok
 
 
 # ------------------------------------------------------------------------------- cuts, for real

@@ -444,7 +444,7 @@ async def test_the_service_keeps_the_rate_limit_on_the_wire(mosquitto, tmp_path:
 
 
 # ---------------------------------------------------------------------------------- no pickle
-SOURCE_DIRS = ("agent", "connectors", "core", "policies", "sim", "tests", "deploy")
+SOURCE_DIRS = ("agent", "bench", "connectors", "core", "policies", "sim", "tests", "deploy")
 UNPICKLERS = {  # module -> functions that unpickle (or run code) on what they read
     "pickle": {"load", "loads", "Unpickler"},
     "_pickle": {"load", "loads", "Unpickler"},

@@ -24,9 +24,25 @@ from typing import Any
 
 import yaml
 
-from agent.bench._tcp_proxy import TcpProxy
 from agent.paths import example_spec
+from bench.harness.tcp_proxy import TcpProxy
 from connectors.mosquitto import MosquittoBroker, MosquittoOptions
+
+__all__ = [
+    "AGENT_ID",
+    "EXPERIMENT",
+    "Child",
+    "ChildDied",
+    "Cluster",
+    "DeviceOptions",
+    "JsonLog",
+    "child_environment",
+    "cli",
+    "distinct_rounds",
+    "round_cost",
+    "wait_until",
+    "write_spec",
+]
 
 Event = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 Setup, all on 127.0.0.1: a Mosquitto with persistence (saved after every change), the simulator
 device (`cbo-agent sim`, JSON log) and the agent (`cbo-agent run`, reaching the broker through
-a TCP proxy, `agent.bench._tcp_proxy`) as subprocesses, on the example spec of the environment
+a TCP proxy, `bench.harness.tcp_proxy`) as subprocesses, on the example spec of the environment
 with the random policy, short ack and round timeouts, ``max_rounds`` R and a total budget of
 (R − ½) rounds' cost, so that the budget, not the round limit, ends the run after R − 1 rounds.
 
@@ -23,11 +23,11 @@ Chaos, in a seeded random order and spread over the first 80 % of the run:
 Live audits: before every disruption, and after the last one at every round the agent closes
 until it exits, the device is paused for a moment and the live agent's /metrics
 (`cbo_observations` per node, `cbo_budget_spent`) are compared with the store
-(`agent.bench._chaos_check.LiveAudit`): readings in the model vs readings accepted. The last
+(`bench.harness.check.LiveAudit`): readings in the model vs readings accepted. The last
 audit (or the first that disagreed) is reported.
 
 Once the agent has finished: the readings still queued for the agent's session are drained, every
-process is stopped, and `agent.bench._chaos_check.verify` compares the store, the model a
+process is stopped, and `bench.harness.check.verify` compares the store, the model a
 restarted agent rebuilds from it, and the device's log. Every wait has a timeout.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agent.bench._chaos_check import (
+from bench.harness.check import (
     DeviceRecord,
     LiveAudit,
     Verdict,
@@ -53,7 +53,7 @@ from agent.bench._chaos_check import (
     drain_session,
     verify,
 )
-from agent.bench._chaos_procs import (
+from bench.harness.procs import (
     AGENT_ID,
     EXPERIMENT,
     ChildDied,
@@ -63,7 +63,7 @@ from agent.bench._chaos_procs import (
     round_cost,
     write_spec,
 )
-from agent.bench.report import print_table, wide_console, write_json
+from bench.report import print_table, wide_console, write_json
 from connectors.store import Store
 from core.spec import ExperimentSpec, load_spec
 

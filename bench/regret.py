@@ -73,8 +73,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agent.bench._episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
-from agent.bench.report import (
+from agent.paths import ExamplesNotFound, example_spec, examples_dir
+from bench.harness.episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
+from bench.report import (
     machine_info,
     markdown_table,
     print_table,
@@ -82,7 +83,6 @@ from agent.bench.report import (
     wide_console,
     write_json,
 )
-from agent.paths import ExamplesNotFound, example_spec, examples_dir
 from core.spec import SpecError, load_spec
 from policies.registry import make_policy, policy_names
 from sim.registry import environment_names, make_environment

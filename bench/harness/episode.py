@@ -1,6 +1,6 @@
 """One run of the regret benchmark: an environment, a policy and a seed, played for R rounds.
 
-`play(config)` returns the run's JSON payload (see `agent.bench.regret` for its schema) and never
+`play(config)` returns the run's JSON payload (see `bench.regret` for its schema) and never
 raises for a failure inside the run: the payload then has status "failed" and the traceback, and
 keeps the rounds played so far. It runs in a worker process, so it takes and returns plain data.
 """
@@ -24,6 +24,21 @@ from policies.random_search import RandomPolicy
 from policies.registry import make_policy
 from sim.base import Environment
 from sim.registry import make_environment
+
+__all__ = [
+    "RUN_SCHEMA",
+    "RUN_VERSION",
+    "RunConfig",
+    "curves",
+    "design_problems",
+    "final_metrics",
+    "plain",
+    "play",
+    "seed_streams",
+    "skeleton",
+    "spec_for",
+    "violations",
+]
 
 RUN_SCHEMA = "cbo-agent/bench-regret-run"
 RUN_VERSION = 2  # 2: the initial design is charged, checked, and kept within the spec

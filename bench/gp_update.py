@@ -24,7 +24,7 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.means import ZeroMean
 from rich.console import Console
 
-from agent.bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from core.gp import GPConfig, IncrementalGP
 
 NOISE = 1e-2

@@ -20,6 +20,8 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+__all__ = ["TcpProxy"]
+
 HOST = "127.0.0.1"
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0

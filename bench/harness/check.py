@@ -31,6 +31,22 @@ from connectors.store import Store
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, load_spec
 
+__all__ = [
+    "Check",
+    "DeviceRecord",
+    "LiveAudit",
+    "LiveModel",
+    "StoredRows",
+    "Verdict",
+    "audit_once",
+    "device_record",
+    "drain_session",
+    "live_checks",
+    "scrape_live_model",
+    "stored_rows",
+    "verify",
+]
+
 Event = dict[str, Any]
 ReadingKey = tuple[str, str, int]  # device, node, seq: what the store deduplicates on
 
@@ -345,7 +361,7 @@ def verify(
     twice = device.applied_twice()
     limit = math.inf if budget is None else budget + 1e-9
     checks = [
-        *_live_checks(audit),
+        *live_checks(audit),
         Check(
             "a restarted agent rebuilds every stored reading",
             in_model == stored_values,
@@ -390,7 +406,7 @@ def verify(
     return Verdict(numbers, checks)
 
 
-def _live_checks(audit: LiveAudit | None) -> list[Check]:
+def live_checks(audit: LiveAudit | None) -> list[Check]:
     """readings_in_model == readings_accepted, from the running agent's /metrics."""
     name = "readings_in_model == readings_accepted (live agent vs store)"
     if audit is None:

@@ -33,12 +33,12 @@ import paho.mqtt.client as paho
 import torch
 from rich.console import Console
 
-from agent.bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
 from agent.experiment import Experiment, RoundEvent
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.runtime import AgentService
+from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from connectors.mosquitto import MosquittoBroker, MosquittoOptions
 from connectors.mqtt import BrokerConfig, MqttConnection
 from connectors.schemas import Ack, Reading, encode

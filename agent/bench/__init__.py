@@ -1,1 +1,0 @@
-"""Benchmarks: each prints a table, saves JSON and plots; numbers are measured, never fixed."""
