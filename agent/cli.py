@@ -1,54 +1,30 @@
-"""The `cbo-agent` command line. Parsing only: each command's work lives in its own module."""
+"""The `cbo-agent` command line. Parsing only: each command's work lives in its own module.
+
+Commands of other rooms (the benchmarks) are not named here: each is an entry point of the
+group `cbo_agent.commands` in the installed metadata (pyproject.toml), a `register(commands)`
+that adds its subparsers. Each parser sets `handler`, and may set `default_log_level`: the log
+level when --log-level is not given.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from agent.logs import configure_logging
 
 Handler = Callable[[argparse.Namespace], int]
+COMMANDS_GROUP = "cbo_agent.commands"
 
 
-def _bench_gp_update(args: argparse.Namespace) -> int:
-    from bench import gp_update
-
-    json_path = args.json
-    plot_path = args.plot or (json_path.with_suffix(".png") if json_path else None)
-    gp_update.run(args.sizes, args.dim, args.batch, json_path, plot_path, reps=args.reps)
-    return 0
-
-
-def _bench_regret(args: argparse.Namespace) -> int:
-    from bench import regret
-
-    if args.list:
-        regret.list_choices()
-        return 0
-    try:
-        result = regret.run(
-            args.env,
-            args.policy,
-            args.seeds,
-            args.rounds,
-            args.out,
-            settings=args.setting,
-            workers=args.workers,
-            force=args.force,
-        )
-    except regret.BadArguments as error:
-        print(f"cbo-agent bench regret: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: finished runs are saved; rerun the command to go on", file=sys.stderr)
-        return 130
-    return 1 if result.failed else 0
-
-
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (commands of other rooms use it too)."""
     try:
         value = int(text)
     except ValueError:
@@ -56,21 +32,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _policy_setting(text: str) -> tuple[str | None, str, object]:
-    """`[POLICY:]KEY=VALUE` -> (policy or None, key, YAML-parsed value)."""
-    import yaml
-
-    target, sep, raw = text.partition("=")
-    policy, _, key = target.rpartition(":")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected [POLICY:]KEY=VALUE, got {text!r}")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: value is not YAML ({error})") from None
-    return policy.strip() or None, key.strip(), value
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -215,128 +176,24 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_ingest(args: argparse.Namespace) -> int:
-    from bench import ingest
-
-    ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
-    return 0
-
-
-def _bench_chaos(args: argparse.Namespace) -> int:
-    from bench import chaos
-
-    options = chaos.ChaosOptions(
-        kills=args.kills,
-        broker_restarts=args.broker_restarts,
-        connection_cuts=args.connection_cuts,
-        rounds=args.rounds,
-        seed=args.seed,
-        policy=args.policy,
-    )
-    result = chaos.run(options, args.json, args.workdir)
-    return 0 if result.ok else 1
-
-
 def _validate(args: argparse.Namespace) -> int:
     from agent.validate import validate_files
 
     return validate_files(args.specs)
 
 
-def _add_bench(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (print a table, save JSON and plots)")
-    # A benchmark's output is its table and progress bar; the agents and devices it runs log
-    # only warnings unless --log-level says otherwise.
-    bench.set_defaults(default_log_level="warning")
-    which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    gp = which.add_parser(
-        "gp-update",
-        help="one posterior update: row append vs BoTorch vs refactorization vs one solve",
-    )
-    gp.add_argument("--sizes", type=int, nargs="+", default=[250, 500, 1000, 2000, 4000])
-    gp.add_argument("--dim", type=int, default=6, help="input dimension (default 6)")
-    gp.add_argument("--batch", type=int, default=8, help="batch of GPs besides a single one")
-    gp.add_argument("--reps", type=int, default=25, help="appends and solves timed per size")
-    gp.add_argument("--json", type=Path, help="write the rows as JSON here")
-    gp.add_argument("--plot", type=Path, help="PNG plot (default: next to --json)")
-    gp.set_defaults(handler=_bench_gp_update)
-    ingest = which.add_parser(
-        "ingest", help="feedback throughput through Mosquitto (agent vs bare client), latency"
-    )
-    ingest.add_argument("--env", default="alpine2", help="environment of the readings")
-    ingest.add_argument("--rounds", type=_positive_int, default=1000, help="rounds of readings")
-    ingest.add_argument(
-        "--latency-envs",
-        nargs="*",
-        metavar="E",
-        default=["all"],
-        help="environments whose decision latency is measured ('all': every one with a spec "
-        "in examples/; none given: skip)",
-    )
-    ingest.add_argument("--latency-rounds", type=_positive_int, default=20)
-    ingest.add_argument("--json", type=Path, help="write the results as JSON here")
-    ingest.set_defaults(handler=_bench_ingest)
-    _add_bench_regret(which)
-    _add_bench_chaos(which)
-
-
-def _add_bench_chaos(which: argparse._SubParsersAction) -> None:
-    chaos = which.add_parser(
-        "chaos",
-        help="kill -9 the agent, restart the broker and cut the agent's connection mid-run; "
-        "check nothing lost or overspent",
-    )
-    chaos.add_argument("--kills", type=int, default=10, help="SIGKILLs of the agent (10)")
-    chaos.add_argument(
-        "--broker-restarts", type=int, default=3, help="broker restarts, half of them SIGKILL (3)"
-    )
-    chaos.add_argument(
-        "--connection-cuts",
-        type=int,
-        default=3,
-        help="cuts of the agent's broker connection (a proxy resets it; broker stays up) (3)",
-    )
-    chaos.add_argument("--rounds", type=_positive_int, default=40, help="max_rounds R (40)")
-    chaos.add_argument("--seed", type=int, default=0, help="when and how to disrupt (0)")
-    chaos.add_argument("--policy", default="random", help="the agent's policy (random)")
-    chaos.add_argument("--json", type=Path, help="write the results as JSON here")
-    chaos.add_argument(
-        "--workdir", type=Path, help="keep the spec, store, logs and broker data here"
-    )
-    chaos.set_defaults(handler=_bench_chaos)
-
-
-def _add_bench_regret(which: argparse._SubParsersAction) -> None:
-    regret = which.add_parser(
-        "regret",
-        help="regret curves of policies on simulated environments over seeds (JSON, table, PNG)",
-    )
-    regret.add_argument("--list", action="store_true", help="list environments and policies")
-    regret.add_argument(
-        "--env", nargs="+", metavar="E", help="environments (default: every one with a spec)"
-    )
-    regret.add_argument("--policy", nargs="+", metavar="P", help="policies (default: all)")
-    regret.add_argument("--seeds", type=_positive_int, default=20, help="seeds 0..N-1 (20)")
-    regret.add_argument("--rounds", type=_positive_int, default=100, help="policy rounds (100)")
-    regret.add_argument(
-        "--out", type=Path, default=Path("results/regret"), metavar="DIR", help="(results/regret)"
-    )
-    regret.add_argument(
-        "--setting",
-        type=_policy_setting,
-        action="append",
-        default=[],
-        metavar="[POLICY:]KEY=VALUE",
-        help="policy setting, value parsed as YAML (e.g. beta=5 or mcbo:beta=5); repeatable",
-    )
-    regret.add_argument(
-        "--workers", type=_positive_int, help="parallel runs (default: the CPU count)"
-    )
-    regret.add_argument("--force", action="store_true", help="redo runs already saved in DIR")
-    regret.set_defaults(handler=_bench_regret)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    return _command_line().parser
+
+
+@dataclass(frozen=True)
+class _CommandLine:
+    parser: argparse.ArgumentParser
+    commands: list[str]  # every command the parser knows
+    unavailable: dict[str, str]  # command of an entry point that failed -> why, one line
+
+
+def _command_line() -> _CommandLine:
     parser = argparse.ArgumentParser(
         prog="cbo-agent",
         description="Online causal Bayesian optimization for networked systems over MQTT.",
@@ -352,8 +209,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("specs", nargs="+", metavar="SPEC", help="YAML spec files")
     validate.set_defaults(handler=_validate)
-    _add_bench(commands)
-    return parser
+    unavailable = _add_installed_commands(commands)
+    if unavailable:
+        parser.epilog = f"not available in this install: {', '.join(unavailable)}"
+    return _CommandLine(parser, list(commands.choices), unavailable)
+
+
+def _add_installed_commands(commands: argparse._SubParsersAction) -> dict[str, str]:
+    """Let every entry point of COMMANDS_GROUP add its commands; return, per entry point that
+    failed to load or to register, why (one line), to say when its command is asked for.
+
+    A broken one must not take the others down: `cbo-agent run` works without the benchmarks.
+    """
+    unavailable = {}
+    for entry in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            entry.load()(commands)
+        except Exception as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            unavailable[entry.name] = (
+                f"its entry point {entry.name} = {entry.value} (group {COMMANDS_GROUP}) "
+                f"fails: {type(error).__name__}: {first_line}; reinstall cbo-agent"
+            )
+    return unavailable
+
+
+def _command_problem(argv: Sequence[str], line: _CommandLine) -> str | None:
+    """One line if argv asks for a command this install lacks; None leaves it to the parser."""
+    word = _command_word(argv)
+    if word is None or (word in line.commands and word not in line.unavailable):
+        return None
+    if word in line.unavailable:
+        return f"cbo-agent {word}: not available: {line.unavailable[word]}"
+    return (
+        f"cbo-agent: no command {word!r} (this install has: {', '.join(line.commands)}); "
+        f"commands from other packages are entry points of group {COMMANDS_GROUP}: "
+        "reinstall cbo-agent if one is missing"
+    )
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The COMMAND of argv: its first word that is neither a global flag nor a flag's value."""
+    scan = _RaisingParser(add_help=False)
+    _add_log_flags(scan)
+    scan.add_argument("command", nargs="?")
+    try:
+        known, _ = scan.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return None  # a bad global flag: the full parser says what is wrong
+    return known.command
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -468,7 +377,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         help="mcbo, eifn, gpucb, random, or dgpucb on an environment with a decomposed reward "
         "(weather, sir, decomposed-synthetic); default: the spec's",
     )
-    demo.add_argument("--rounds", type=_positive_int, default=30, help="rounds to run (30)")
+    demo.add_argument("--rounds", type=positive_int, default=30, help="rounds to run (30)")
     demo.add_argument(
         "--broker", metavar="HOST:PORT", help="use this broker instead of starting the embedded one"
     )
@@ -486,7 +395,13 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    line = _command_line()
+    problem = _command_problem(argv, line)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    args = line.parser.parse_args(argv)
     level = args.log_level or getattr(args, "default_log_level", "info")
     configure_logging(level, args.log_format or "auto")
     handler: Handler = args.handler

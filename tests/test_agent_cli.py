@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import signal
 import subprocess
 import time
@@ -20,6 +21,8 @@ from agent.experiment import Experiment
 from bench.harness.procs import child_environment, cli, write_spec
 from connectors.store import Store
 from tests.test_agent_join import ack, chain_spec, reading
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_export_writes_the_history_as_csv(tmp_path, capsys):
@@ -96,6 +99,59 @@ def test_run_names_a_missing_spec_file_in_one_line(tmp_path, capsys, where, mess
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"cbo-agent run: {path}: ") and message in line
     assert not (tmp_path / "s.db").exists()
+
+
+# ---- commands of other rooms come from entry points; a broken install says so in one line ---
+
+
+def test_an_unknown_command_is_named_in_one_line(capsys):
+    assert main(["--log-level", "debug", "nosuch", "--flag"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("cbo-agent: no command 'nosuch' (this install has: run, sim, demo,")
+
+
+def _install_whose_metadata_says(tmp_path: Path, entry_points: str | None) -> dict[str, str]:
+    """The environment of a `cbo-agent` whose package metadata lists `entry_points` (None: no
+    entry points at all), as a broken or outdated install leaves it: a copy of the metadata
+    first on sys.path hides the installed one."""
+    info = tmp_path / "site" / "cbo_agent-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cbo-agent\nVersion: 0.1.0\n")
+    if entry_points is not None:
+        (info / "entry_points.txt").write_text(entry_points)
+    return child_environment() | {"PYTHONPATH": os.pathsep.join([str(info.parent), str(ROOT)])}
+
+
+def _cbo_agent(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*cli(), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_without_its_entry_point_bench_says_so_in_one_line(tmp_path):
+    env = _install_whose_metadata_says(tmp_path, None)
+    done = _cbo_agent(tmp_path, env, "bench", "gp-update", "--sizes", "10")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("cbo-agent: no command 'bench' (this install has: run, sim, ")
+    assert "entry points of group cbo_agent.commands: reinstall cbo-agent" in line
+
+
+def test_an_entry_point_that_fails_to_load_is_named_and_the_other_commands_work(tmp_path):
+    env = _install_whose_metadata_says(
+        tmp_path, "[cbo_agent.commands]\nbench = bench_gone.cli:register\n"
+    )
+    done = _cbo_agent(tmp_path, env, "bench", "gp-update", "--sizes", "10")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "cbo-agent bench: not available: its entry point bench = bench_gone.cli:register "
+        "(group cbo_agent.commands) fails: ModuleNotFoundError: No module named 'bench_gone'"
+    )
+    helped = _cbo_agent(tmp_path, env, "--help")
+    assert helped.returncode == 0 and "not available in this install: bench" in helped.stdout
+    spec = str(ROOT / "examples" / "toygraph.yaml")
+    assert _cbo_agent(tmp_path, env, "validate", spec).returncode == 0
 
 
 # ---- the end of an experiment: exit 0 (default) or keep serving until SIGTERM ----------------

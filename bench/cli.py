@@ -1,0 +1,191 @@
+"""`cbo-agent bench ...`: the benchmarks' subcommands, contributed to the command line.
+
+The agent room's command line never names this room: it calls `register` for every entry point
+of the group `cbo_agent.commands` (pyproject.toml: `bench = "bench.cli:register"`). Only the
+parsing lives here, and it imports nothing heavy: each handler imports its benchmark when it
+runs, so that `cbo-agent run` does not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agent.cli import positive_int
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add `bench` and its benchmarks to the `cbo-agent` subcommands `commands`."""
+    bench = commands.add_parser("bench", help="benchmarks (print a table, save JSON and plots)")
+    # A benchmark's output is its table and progress bar; the agents and devices it runs log
+    # only warnings unless --log-level says otherwise.
+    bench.set_defaults(default_log_level="warning")
+    which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    _add_gp_update(which)
+    _add_ingest(which)
+    _add_regret(which)
+    _add_chaos(which)
+
+
+def _gp_update(args: argparse.Namespace) -> int:
+    from bench import gp_update
+
+    json_path = args.json
+    plot_path = args.plot or (json_path.with_suffix(".png") if json_path else None)
+    gp_update.run(args.sizes, args.dim, args.batch, json_path, plot_path, reps=args.reps)
+    return 0
+
+
+def _regret(args: argparse.Namespace) -> int:
+    from bench import regret
+
+    if args.list:
+        regret.list_choices()
+        return 0
+    try:
+        result = regret.run(
+            args.env,
+            args.policy,
+            args.seeds,
+            args.rounds,
+            args.out,
+            settings=args.setting,
+            workers=args.workers,
+            force=args.force,
+        )
+    except regret.BadArguments as error:
+        print(f"cbo-agent bench regret: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are saved; rerun the command to go on", file=sys.stderr)
+        return 130
+    return 1 if result.failed else 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from bench import ingest
+
+    ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
+    return 0
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from bench import chaos
+
+    options = chaos.ChaosOptions(
+        kills=args.kills,
+        broker_restarts=args.broker_restarts,
+        connection_cuts=args.connection_cuts,
+        rounds=args.rounds,
+        seed=args.seed,
+        policy=args.policy,
+    )
+    result = chaos.run(options, args.json, args.workdir)
+    return 0 if result.ok else 1
+
+
+def _policy_setting(text: str) -> tuple[str | None, str, object]:
+    """`[POLICY:]KEY=VALUE` -> (policy or None, key, YAML-parsed value)."""
+    import yaml
+
+    target, sep, raw = text.partition("=")
+    policy, _, key = target.rpartition(":")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected [POLICY:]KEY=VALUE, got {text!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: value is not YAML ({error})") from None
+    return policy.strip() or None, key.strip(), value
+
+
+def _add_gp_update(which: argparse._SubParsersAction) -> None:
+    gp = which.add_parser(
+        "gp-update",
+        help="one posterior update: row append vs BoTorch vs refactorization vs one solve",
+    )
+    gp.add_argument("--sizes", type=int, nargs="+", default=[250, 500, 1000, 2000, 4000])
+    gp.add_argument("--dim", type=int, default=6, help="input dimension (default 6)")
+    gp.add_argument("--batch", type=int, default=8, help="batch of GPs besides a single one")
+    gp.add_argument("--reps", type=int, default=25, help="appends and solves timed per size")
+    gp.add_argument("--json", type=Path, help="write the rows as JSON here")
+    gp.add_argument("--plot", type=Path, help="PNG plot (default: next to --json)")
+    gp.set_defaults(handler=_gp_update)
+
+
+def _add_ingest(which: argparse._SubParsersAction) -> None:
+    ingest = which.add_parser(
+        "ingest", help="feedback throughput through Mosquitto (agent vs bare client), latency"
+    )
+    ingest.add_argument("--env", default="alpine2", help="environment of the readings")
+    ingest.add_argument("--rounds", type=positive_int, default=1000, help="rounds of readings")
+    ingest.add_argument(
+        "--latency-envs",
+        nargs="*",
+        metavar="E",
+        default=["all"],
+        help="environments whose decision latency is measured ('all': every one with a spec "
+        "in examples/; none given: skip)",
+    )
+    ingest.add_argument("--latency-rounds", type=positive_int, default=20)
+    ingest.add_argument("--json", type=Path, help="write the results as JSON here")
+    ingest.set_defaults(handler=_ingest)
+
+
+def _add_chaos(which: argparse._SubParsersAction) -> None:
+    chaos = which.add_parser(
+        "chaos",
+        help="kill -9 the agent, restart the broker and cut the agent's connection mid-run; "
+        "check nothing lost or overspent",
+    )
+    chaos.add_argument("--kills", type=int, default=10, help="SIGKILLs of the agent (10)")
+    chaos.add_argument(
+        "--broker-restarts", type=int, default=3, help="broker restarts, half of them SIGKILL (3)"
+    )
+    chaos.add_argument(
+        "--connection-cuts",
+        type=int,
+        default=3,
+        help="cuts of the agent's broker connection (a proxy resets it; broker stays up) (3)",
+    )
+    chaos.add_argument("--rounds", type=positive_int, default=40, help="max_rounds R (40)")
+    chaos.add_argument("--seed", type=int, default=0, help="when and how to disrupt (0)")
+    chaos.add_argument("--policy", default="random", help="the agent's policy (random)")
+    chaos.add_argument("--json", type=Path, help="write the results as JSON here")
+    chaos.add_argument(
+        "--workdir", type=Path, help="keep the spec, store, logs and broker data here"
+    )
+    chaos.set_defaults(handler=_chaos)
+
+
+def _add_regret(which: argparse._SubParsersAction) -> None:
+    regret = which.add_parser(
+        "regret",
+        help="regret curves of policies on simulated environments over seeds (JSON, table, PNG)",
+    )
+    regret.add_argument("--list", action="store_true", help="list environments and policies")
+    regret.add_argument(
+        "--env", nargs="+", metavar="E", help="environments (default: every one with a spec)"
+    )
+    regret.add_argument("--policy", nargs="+", metavar="P", help="policies (default: all)")
+    regret.add_argument("--seeds", type=positive_int, default=20, help="seeds 0..N-1 (20)")
+    regret.add_argument("--rounds", type=positive_int, default=100, help="policy rounds (100)")
+    regret.add_argument(
+        "--out", type=Path, default=Path("results/regret"), metavar="DIR", help="(results/regret)"
+    )
+    regret.add_argument(
+        "--setting",
+        type=_policy_setting,
+        action="append",
+        default=[],
+        metavar="[POLICY:]KEY=VALUE",
+        help="policy setting, value parsed as YAML (e.g. beta=5 or mcbo:beta=5); repeatable",
+    )
+    regret.add_argument(
+        "--workers", type=positive_int, help="parallel runs (default: the CPU count)"
+    )
+    regret.add_argument("--force", action="store_true", help="redo runs already saved in DIR")
+    regret.set_defaults(handler=_regret)
