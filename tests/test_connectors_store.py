@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors import _store_schema
+from connectors.store import schema as _store_schema
 from connectors.store import (
     EXPORT_TABLES,
     BudgetExceeded,

@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import structlog
 
-from connectors import _store_export as export_io
-from connectors import _store_schema as schema
+from connectors.store import export as export_io
+from connectors.store import schema
 
 if (
     TYPE_CHECKING
