@@ -118,7 +118,7 @@ def test_every_kind_of_row_round_trips_through_a_reopen(db: Path) -> None:
 
 
 def test_store_runs_in_wal_with_full_sync_and_foreign_keys(store: Store) -> None:
-    conn = store._conn
+    conn = store._db.live()
     assert conn is not None
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
@@ -391,7 +391,7 @@ def test_sigkill_mid_stream_keeps_every_write_that_returned(db: Path, delay_ms: 
     committed = {kind: {int(i) for k, i in map(str.split, printed) if k == kind} for kind in "ts"}
 
     with Store(db) as store:
-        conn = store._conn
+        conn = store._db.live()
         assert conn is not None and conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
         rounds = {r.round: r for r in store.rounds(EXP)}
@@ -644,7 +644,7 @@ def test_snapshots_round_trip_arrays_bit_for_bit(tmp_path: Path) -> None:
             assert got.tobytes() == want.tobytes() and got.flags.writeable, name
         assert snap.arrays["fortran"].flags.f_contiguous
         store.save_snapshot(EXP, 0, {}, {"k": 2})
-        conn = store._conn
+        conn = store._db.live()
         assert conn is not None
         kept = [r[0] for r in conn.execute("SELECT meta FROM snapshots ORDER BY id")]
         assert kept == ['{"hyper":{"ls":[0.5,1.5]},"k":1}', '{"k":2}']  # keeps the newest two
@@ -680,7 +680,7 @@ def test_snapshots_refuse_pickled_object_arrays(tmp_path: Path) -> None:
             ("raw-pickle", pickle.dumps(_Tripwire(str(tripwire)))),
         ]:
             sid = store.save_snapshot(EXP, 0, {name: np.zeros(1)}, {})
-            conn = store._conn
+            conn = store._db.live()
             assert conn is not None
             conn.execute("UPDATE snapshot_arrays SET npy = ? WHERE snapshot_id = ?", (blob, sid))
             with pytest.raises(StoreError, match=f"'{name}'"):

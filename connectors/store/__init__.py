@@ -41,34 +41,28 @@ with ``allow_pickle=False``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import json
 import math
 import operator
-import os
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
-import structlog
-
 from connectors.store import export as export_io
 from connectors.store import schema
+from connectors.store.connection import SqliteDatabase
 from connectors.store.errors import BudgetExceeded, IllegalTransition, StoreError
 
 if (
     TYPE_CHECKING
 ):  # numpy is imported where snapshots need it, so `import connectors.store` is light
     import numpy as np
-
-log = structlog.get_logger(__name__)
 
 RoundStatus = Literal["proposed", "published", "acked", "rejected", "closed", "expired"]
 LedgerState = Literal["reserved", "settled", "released"]
@@ -199,102 +193,23 @@ class Store:
             StoreError: the file is not a database, not a cbo-agent store, written by newer
                 code, or WAL mode cannot be enabled on it.
         """
-        self._memory = str(path) == ":memory:"
-        self.path: Path | str = ":memory:" if self._memory else Path(path)
         self.keep_snapshots = _int("keep_snapshots", keep_snapshots, lo=1)
         self.keep_dead_letters = _int("keep_dead_letters", keep_dead_letters, lo=1)
         self.dead_letter_payload_limit = _int(
             "dead_letter_payload_limit", dead_letter_payload_limit
         )
-        self._lock = threading.RLock()
-        self._depth = 0
-        self._owner_task: asyncio.Task[Any] | None = None
-        self._conn: sqlite3.Connection | None = self._open(float(timeout_s))
+        self._db = SqliteDatabase(path, timeout_s)
+        self.path: Path | str = self._db.path
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def _open(self, timeout_s: float) -> sqlite3.Connection:
-        created = not self._memory and not _nonempty_file(Path(self.path))
-        try:
-            conn = sqlite3.connect(
-                str(self.path), timeout=timeout_s, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
-        try:
-            self._configure(conn, timeout_s)
-            self._migrate(conn)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
-        if created:  # make the new file's directory entry durable too
-            _fsync_directory(Path(self.path).resolve().parent)
-        return conn
-
-    def _configure(self, conn: sqlite3.Connection, timeout_s: float) -> None:
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode != "wal" and not self._memory:
-            raise StoreError(f"store {self.path}: WAL mode refused (journal_mode is {mode!r})")
-        conn.execute("PRAGMA synchronous = FULL")  # fsync the WAL at every commit: see module doc
-        conn.execute("PRAGMA foreign_keys = ON")
-        # After a checkpoint, cut the WAL back to this size (a snapshot of large GP factors
-        # would otherwise leave a WAL as big as itself on disk for the life of the agent).
-        conn.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
-        conn.execute("PRAGMA trusted_schema = OFF")
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        target = schema.schema_version()
-        if self._header_ok(conn, target):
-            return
-        conn.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another opener may race
-        try:
-            current = conn.execute("PRAGMA user_version").fetchone()[0]
-            self._header_ok(conn, target)  # raises for a foreign or newer file
-            for version in range(current, target):
-                schema.run_migration(conn, schema.MIGRATIONS[version], version + 1)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        if current != target:
-            log.info("store.migrated", path=str(self.path), from_version=current, to=target)
-
-    def _header_ok(self, conn: sqlite3.Connection, target: int) -> bool:
-        """True if the file is at `target`; raise if it is foreign or newer than this code."""
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        if version > target:
-            raise StoreError(
-                f"store {self.path} has schema version {version}, newer than the {target} this "
-                "cbo-agent knows: upgrade cbo-agent (downgrades are not supported)"
-            )
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        foreign = app_id != schema.APPLICATION_ID and (app_id != 0 or version != 0 or tables)
-        if foreign:
-            raise StoreError(
-                f"{self.path} is an SQLite database but not a cbo-agent store "
-                f"(application_id {app_id:#x}, user_version {version}, {tables} schema objects)"
-            )
-        return version == target
-
     def close(self) -> None:
         """Close the connection (idempotent). Everything returned before is already durable."""
-        with self._lock:
-            if self._conn is None:
-                return
-            if self._depth:
-                raise StoreError(f"store {self.path}: close() inside an open transaction")
-            self._conn.close()
-            self._conn = None
+        self._db.close()
 
     @property
     def closed(self) -> bool:
-        return self._conn is None
+        return self._db.closed
 
     def __enter__(self) -> Self:
         return self
@@ -312,101 +227,28 @@ class Store:
 
     @property
     def schema_version(self) -> int:
-        with self._reading("schema_version") as conn:
-            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+        return self._db.schema_version()
 
     # ---- transactions ----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
         """Group writes into one atomic commit, durable when the outermost block exits.
 
         Nested blocks join the outer transaction as savepoints: an exception escaping an inner
         block undoes that block's writes only; one escaping the outer block undoes all. Other
         threads' calls wait until the outermost block exits. Do not ``await`` inside.
         """
-        with self._lock:
-            conn = self._live()
-            depth = self._depth
-            self._check_owner()
-            try:
-                conn.execute(f"SAVEPOINT sp{depth}" if depth else "BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:  # e.g. another writer held the lock past the timeout
-                raise StoreError(f"store {self.path}: cannot begin a transaction: {exc}") from exc
-            if not depth:
-                self._owner_task = _current_task()
-            self._depth = depth + 1
-            try:
-                yield
-            except BaseException:
-                self._depth = depth
-                self._undo(conn, depth)
-                raise
-            self._depth = depth
-            if depth:
-                conn.execute(f"RELEASE sp{depth}")
-            else:
-                self._owner_task = None
-                self._commit(conn)
+        return self._db.transaction()
 
-    def _undo(self, conn: sqlite3.Connection, depth: int) -> None:
-        try:
-            if depth:
-                conn.execute(f"ROLLBACK TO sp{depth}")
-                conn.execute(f"RELEASE sp{depth}")
-            else:
-                self._owner_task = None
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:  # keep the original exception; the failed undo is logged
-            log.error("store.rollback_failed", path=str(self.path), error=str(exc))
+    def _writing(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One atomic write (a savepoint inside an open transaction); database errors named."""
+        return self._db.writing(what)
 
-    def _commit(self, conn: sqlite3.Connection) -> None:
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise StoreError(f"store {self.path}: commit failed: {exc}") from exc
-
-    def _live(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError(f"store {self.path} is closed")
-        return self._conn
-
-    def _check_owner(self) -> None:
-        if self._depth and self._owner_task is not None and _current_task() is not self._owner_task:
-            raise StoreError(
-                f"store {self.path}: called from another asyncio task while a transaction is "
-                "open (do not await inside Store.transaction())"
-            )
-
-    @contextlib.contextmanager
-    def _writing(self, what: str) -> Iterator[sqlite3.Connection]:
-        """One atomic write (a savepoint inside an open transaction); sqlite errors named."""
-        try:
-            with self.transaction():
-                yield self._live()
-        except sqlite3.Error as exc:
-            raise StoreError(f"store {self.path}: {what}: {exc}") from exc
-
-    @contextlib.contextmanager
-    def _reading(self, what: str, consistent: bool = False) -> Iterator[sqlite3.Connection]:
+    def _reading(
+        self, what: str, consistent: bool = False
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """Reads under the lock; `consistent` wraps several SELECTs in one read transaction."""
-        with self._lock:
-            conn = self._live()
-            self._check_owner()
-            own = consistent and not self._depth
-            try:
-                if own:
-                    conn.execute("BEGIN")
-                yield conn
-            except sqlite3.Error as exc:
-                raise StoreError(f"store {self.path}: {what}: {exc}") from exc
-            finally:
-                if own and conn.in_transaction:
-                    conn.execute("COMMIT")
+        return self._db.reading(what, consistent)
 
     # ---- experiments -----------------------------------------------------------------------
 
@@ -1198,33 +1040,3 @@ def _npy_array(experiment: str, name: str, blob: bytes) -> np.ndarray:
             f"unpickling, refused: {exc}"
         ) from exc
     return array if array.flags.writeable else array.copy(order="K")
-
-
-# ---- small helpers ---------------------------------------------------------------------------
-
-
-def _current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running event loop in this thread
-        return None
-
-
-def _nonempty_file(path: Path) -> bool:
-    try:
-        return path.stat().st_size > 0
-    except FileNotFoundError:
-        return False
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. platforms that cannot open directories; SQLite did its own syncs
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
