@@ -45,11 +45,9 @@ import contextlib
 import io
 import json
 import math
-import operator
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
@@ -58,6 +56,29 @@ from connectors.store import export as export_io
 from connectors.store import schema
 from connectors.store.connection import SqliteDatabase
 from connectors.store.errors import BudgetExceeded, IllegalTransition, StoreError
+from connectors.store.rows import (
+    LEDGER_COLUMNS,
+    ORACLE_COLUMNS,
+    READING_COLUMNS,
+    ROUND_COLUMNS,
+    DeadLetterRow,
+    LedgerRow,
+    LedgerTotals,
+    OracleRow,
+    ReadingRow,
+    RoundRow,
+    Snapshot,
+    round_row,
+)
+from connectors.store.values import (
+    MAX_INT64,  # noqa: F401  (re-exported; __all__ comes with the table modules)
+    dumps,
+    integer,
+    json_object,
+    number,
+    text,
+    timestamp,
+)
 
 if (
     TYPE_CHECKING
@@ -82,95 +103,7 @@ ROUND_TRANSITIONS: Final[Mapping[str, frozenset[str]]] = {
 }
 ACTION_KINDS: Final = ("hard", "soft")
 EXPORT_TABLES: Final = ("rounds", "readings", "oracle", "ledger")
-MAX_INT64: Final = 2**63 - 1
 _NPY_MAGIC: Final = b"\x93NUMPY"
-
-
-@dataclass(frozen=True, slots=True)
-class RoundRow:
-    experiment: str
-    round: int
-    action_id: str
-    intervention: dict[str, float]
-    target_set: list[str]
-    cost: float
-    kind: str
-    status: str
-    attempt: int  # publications so far: 0 until the first `bump_attempt`
-    reason: str | None
-    proposed_at: float
-    status_at: float
-    applied: dict[str, float] | None = None  # what the device reported applied, if it differed
-    expires_at: float | None = None  # when the agent gives up on the action (None: none sent)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadingRow:
-    id: int  # arrival order over the whole store; never reused
-    experiment: str
-    round: int
-    node: str
-    value: float
-    seq: int
-    device_id: str
-    received_at: float
-    measured_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class OracleRow:
-    experiment: str
-    round: int
-    action_id: str
-    expected_reward: float
-    optimum: float
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerRow:
-    experiment: str
-    round: int
-    amount: float
-    state: str
-    budget_total: float | None
-    reserved_at: float
-    settled_at: float | None
-    released_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerTotals:
-    reserved: float  # outstanding reservations
-    settled: float
-    released: float
-
-    @property
-    def spent(self) -> float:
-        """What counts against the budget: outstanding reservations plus settled costs."""
-        return math.fsum((self.reserved, self.settled))
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    id: int
-    experiment: str
-    upto_reading_id: int  # the model includes every reading with id <= this
-    arrays: dict[str, np.ndarray]
-    meta: dict[str, Any]
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterRow:
-    id: int
-    experiment: str | None
-    topic: str
-    reason: str
-    detail: str
-    payload: bytes = field(repr=False)
-    payload_size: int  # of the original payload; `payload` may be truncated
-    at: float
 
 
 class Store:
@@ -193,9 +126,9 @@ class Store:
             StoreError: the file is not a database, not a cbo-agent store, written by newer
                 code, or WAL mode cannot be enabled on it.
         """
-        self.keep_snapshots = _int("keep_snapshots", keep_snapshots, lo=1)
-        self.keep_dead_letters = _int("keep_dead_letters", keep_dead_letters, lo=1)
-        self.dead_letter_payload_limit = _int(
+        self.keep_snapshots = integer("keep_snapshots", keep_snapshots, lo=1)
+        self.keep_dead_letters = integer("keep_dead_letters", keep_dead_letters, lo=1)
+        self.dead_letter_payload_limit = integer(
             "dead_letter_payload_limit", dead_letter_payload_limit
         )
         self._db = SqliteDatabase(path, timeout_s)
@@ -256,15 +189,15 @@ class Store:
         self, name: str, spec: Mapping[str, Any], at: float | None = None
     ) -> None:
         """Create the experiment or replace its spec (a JSON-serializable mapping)."""
-        _text("experiment", name)
-        text = _json_object(spec, f"spec of experiment {name!r}")
-        when = _time("at", time.time() if at is None else at)
+        text("experiment", name)
+        spec_json = json_object(spec, f"spec of experiment {name!r}")
+        when = timestamp("at", time.time() if at is None else at)
         with self._writing(f"upsert_experiment({name!r})") as conn:
             conn.execute(
                 "INSERT INTO experiments (name, spec, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, "
                 "updated_at = excluded.updated_at",
-                (name, text, when),
+                (name, spec_json, when),
             )
 
     def experiment_names(self) -> list[str]:
@@ -304,23 +237,23 @@ class Store:
             StoreError: unknown experiment, the round holds another action, or `action_id` is
                 already used by another round; invalid values.
         """
-        _text("experiment", experiment)
-        round = _int("round", round)
-        _text("action_id", action_id)
+        text("experiment", experiment)
+        round = integer("round", round)
+        text("action_id", action_id)
         if not isinstance(intervention, Mapping):
             raise StoreError(f"intervention must be a mapping, got {type(intervention).__name__}")
         values = {
-            _text("intervention node", k): _float(f"intervention[{k!r}]", v)
+            text("intervention node", k): number(f"intervention[{k!r}]", v)
             for k, v in intervention.items()
         }
         if isinstance(target_set, str):
             raise StoreError(f"target_set must be a list of node names, got {target_set!r}")
-        targets = [_text("target_set entry", t) for t in target_set]
-        cost = _float("cost", cost, nonneg=True)
+        targets = [text("target_set entry", t) for t in target_set]
+        cost = number("cost", cost, nonneg=True)
         if kind not in ACTION_KINDS:
             raise StoreError(f"kind must be one of {ACTION_KINDS}, got {kind!r}")
-        at = _time("at", at)
-        expires = None if expires_at is None else _time("expires_at", expires_at)
+        at = timestamp("at", at)
+        expires = None if expires_at is None else timestamp("expires_at", expires_at)
         where = f"add_round({experiment!r}, round {round})"
         with self._writing(where) as conn:
             self._require_experiment(conn, experiment)
@@ -342,8 +275,8 @@ class Store:
                     experiment,
                     round,
                     action_id,
-                    _dumps(values),
-                    _dumps(targets),
+                    dumps(values),
+                    dumps(targets),
                     cost,
                     kind,
                     at,
@@ -359,17 +292,15 @@ class Store:
         Raises:
             StoreError: unknown round, or values that are not finite numbers.
         """
-        round = _int("round", round)
+        round = integer("round", round)
         if not isinstance(applied, Mapping):
             raise StoreError(f"applied must be a mapping, got {type(applied).__name__}")
-        values = {
-            _text("applied node", k): _float(f"applied[{k!r}]", v) for k, v in applied.items()
-        }
+        values = {text("applied node", k): number(f"applied[{k!r}]", v) for k, v in applied.items()}
         with self._writing(f"set_applied({experiment!r}, round {round})") as conn:
             self._require_round(conn, experiment, round)
             conn.execute(
                 "UPDATE rounds SET applied = ? WHERE experiment = ? AND round = ?",
-                (_dumps(values), experiment, round),
+                (dumps(values), experiment, round),
             )
 
     def set_expires_at(self, experiment: str, round: int, expires_at: float) -> bool:
@@ -381,8 +312,8 @@ class Store:
             StoreError: unknown round, or an earlier expiry than the stored one (a device may
                 hold the action with the stored expiry, and the agent keeps its promise to wait).
         """
-        round = _int("round", round)
-        expires = _time("expires_at", expires_at)
+        round = integer("round", round)
+        expires = timestamp("expires_at", expires_at)
         with self._writing(f"set_expires_at({experiment!r}, round {round})") as conn:
             self._require_round(conn, experiment, round)
             (held,) = conn.execute(
@@ -415,8 +346,8 @@ class Store:
         """
         if status not in ROUND_STATUSES:
             raise StoreError(f"unknown round status {status!r}; one of {ROUND_STATUSES}")
-        round = _int("round", round)
-        at = _time("at", at)
+        round = integer("round", round)
+        at = timestamp("at", at)
         if reason is not None and not isinstance(reason, str):
             raise StoreError(f"reason must be a string or None, got {type(reason).__name__}")
         with self._writing(f"set_round_status({experiment!r}, round {round})") as conn:
@@ -440,7 +371,7 @@ class Store:
         Raises:
             IllegalTransition: the round is acked or finished, so it is not published again.
         """
-        round = _int("round", round)
+        round = integer("round", round)
         with self._writing(f"bump_attempt({experiment!r}, round {round})") as conn:
             current = self._round_status(conn, experiment, round)
             if current not in ("proposed", "published"):
@@ -466,20 +397,20 @@ class Store:
     def get_round(self, experiment: str, round: int) -> RoundRow | None:
         with self._reading("get_round") as conn:
             row = conn.execute(
-                f"SELECT {_ROUND_COLUMNS} FROM rounds WHERE experiment = ? AND round = ?",
+                f"SELECT {ROUND_COLUMNS} FROM rounds WHERE experiment = ? AND round = ?",
                 (experiment, round),
             ).fetchone()
-        return None if row is None else _round_row(row)
+        return None if row is None else round_row(row)
 
     def _select_rounds(self, experiment: str, statuses: Sequence[str]) -> list[RoundRow]:
         marks = ", ".join("?" * len(statuses))
         with self._reading("rounds") as conn:
             rows = conn.execute(
-                f"SELECT {_ROUND_COLUMNS} FROM rounds WHERE experiment = ? "
+                f"SELECT {ROUND_COLUMNS} FROM rounds WHERE experiment = ? "
                 f"AND status IN ({marks}) ORDER BY round",
                 (experiment, *statuses),
             ).fetchall()
-        return [_round_row(r) for r in rows]
+        return [round_row(r) for r in rows]
 
     def _round_action(self, conn: sqlite3.Connection, experiment: str, round: int) -> str | None:
         row = conn.execute(
@@ -521,13 +452,13 @@ class Store:
         Raises:
             StoreError: unknown round (readings name a round the store knows), non-finite value.
         """
-        round = _int("round", round)
-        _text("node", node)
-        value = _float("value", value)
-        seq = _int("seq", seq)
-        _text("device_id", device_id)
-        received_at = _time("received_at", received_at)
-        measured = None if measured_at is None else _time("measured_at", measured_at)
+        round = integer("round", round)
+        text("node", node)
+        value = number("value", value)
+        seq = integer("seq", seq)
+        text("device_id", device_id)
+        received_at = timestamp("received_at", received_at)
+        measured = None if measured_at is None else timestamp("measured_at", measured_at)
         with self._writing(f"add_reading({experiment!r}, round {round}, {node!r})") as conn:
             self._require_round(conn, experiment, round)
             cursor = conn.execute(
@@ -542,11 +473,11 @@ class Store:
         self, experiment: str, after_id: int = 0, limit: int | None = None
     ) -> list[ReadingRow]:
         """Readings with id > `after_id`, in arrival order (at most `limit` of them)."""
-        after_id = _int("after_id", after_id)
-        cap = -1 if limit is None else _int("limit", limit)
+        after_id = integer("after_id", after_id)
+        cap = -1 if limit is None else integer("limit", limit)
         with self._reading("readings") as conn:
             rows = conn.execute(
-                f"SELECT {_READING_COLUMNS} FROM readings WHERE experiment = ? AND id > ? "
+                f"SELECT {READING_COLUMNS} FROM readings WHERE experiment = ? AND id > ? "
                 "ORDER BY id LIMIT ?",
                 (experiment, after_id, cap),
             ).fetchall()
@@ -578,10 +509,10 @@ class Store:
         Raises:
             StoreError: unknown round, or `action_id` is not the round's action.
         """
-        round = _int("round", round)
-        expected_reward = _float("expected_reward", expected_reward)
-        optimum = _float("optimum", optimum)
-        at = _time("at", at)
+        round = integer("round", round)
+        expected_reward = number("expected_reward", expected_reward)
+        optimum = number("optimum", optimum)
+        at = timestamp("at", at)
         where = f"add_oracle({experiment!r}, round {round})"
         with self._writing(where) as conn:
             held = self._require_round(conn, experiment, round)
@@ -597,7 +528,7 @@ class Store:
     def oracles(self, experiment: str) -> list[OracleRow]:
         with self._reading("oracles") as conn:
             rows = conn.execute(
-                f"SELECT {_ORACLE_COLUMNS} FROM oracle WHERE experiment = ? ORDER BY round",
+                f"SELECT {ORACLE_COLUMNS} FROM oracle WHERE experiment = ? ORDER BY round",
                 (experiment,),
             ).fetchall()
         return [OracleRow(*r) for r in rows]
@@ -623,10 +554,10 @@ class Store:
             IllegalTransition: the round's entry is settled, released or of another amount.
             StoreError: unknown round; negative or non-finite amount.
         """
-        round = _int("round", round)
-        amount = _float("amount", amount, nonneg=True)
-        limit = None if budget_total is None else _float("budget_total", budget_total, nonneg=True)
-        at = _time("at", at)
+        round = integer("round", round)
+        amount = number("amount", amount, nonneg=True)
+        limit = None if budget_total is None else number("budget_total", budget_total, nonneg=True)
+        at = timestamp("at", at)
         with self._writing(f"reserve({experiment!r}, round {round})") as conn:
             held = self._ledger_entry(conn, experiment, round)
             if held is not None:
@@ -675,8 +606,8 @@ class Store:
         Raises:
             IllegalTransition: the round has no ledger entry.
         """
-        round = _int("round", round)
-        at = _time("at", at)
+        round = integer("round", round)
+        at = timestamp("at", at)
         with self._writing(f"charge({experiment!r}, round {round})") as conn:
             held = self._ledger_entry(conn, experiment, round)
             if held is None:
@@ -691,8 +622,8 @@ class Store:
         return True
 
     def _ledger_move(self, experiment: str, round: int, to: LedgerState, at: float) -> bool:
-        round = _int("round", round)
-        at = _time("at", at)
+        round = integer("round", round)
+        at = timestamp("at", at)
         verb = "settle" if to == "settled" else "release"
         with self._writing(f"{verb}({experiment!r}, round {round})") as conn:
             held = self._ledger_entry(conn, experiment, round)
@@ -722,7 +653,7 @@ class Store:
     def ledger_entries(self, experiment: str) -> list[LedgerRow]:
         with self._reading("ledger_entries") as conn:
             rows = conn.execute(
-                f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE experiment = ? ORDER BY round",
+                f"SELECT {LEDGER_COLUMNS} FROM ledger WHERE experiment = ? ORDER BY round",
                 (experiment,),
             ).fetchall()
         return [LedgerRow(*r) for r in rows]
@@ -759,10 +690,10 @@ class Store:
         must be JSON-serializable. Only the newest `keep_snapshots` per experiment are kept.
         Returns the snapshot's id.
         """
-        upto = _int("upto_reading_id", upto_reading_id)
-        blobs = {_text("array name", k): _npy_bytes(experiment, k, v) for k, v in arrays.items()}
-        meta_text = _json_object(meta, f"snapshot meta of experiment {experiment!r}")
-        when = _time("at", time.time() if at is None else at)
+        upto = integer("upto_reading_id", upto_reading_id)
+        blobs = {text("array name", k): _npy_bytes(experiment, k, v) for k, v in arrays.items()}
+        meta_text = json_object(meta, f"snapshot meta of experiment {experiment!r}")
+        when = timestamp("at", time.time() if at is None else at)
         with self._writing(f"save_snapshot({experiment!r})") as conn:
             self._require_experiment(conn, experiment)
             newest = conn.execute("SELECT coalesce(max(id), 0) FROM readings").fetchone()[0]
@@ -824,13 +755,13 @@ class Store:
         experiment (None is a group of its own) are kept, each payload cut to
         `dead_letter_payload_limit` bytes. Returns the row id."""
         if experiment is not None:
-            _text("experiment", experiment)
+            text("experiment", experiment)
         data = payload.encode("utf-8", "replace") if isinstance(payload, str) else bytes(payload)
         limit = self.dead_letter_payload_limit
         for name, value in (("topic", topic), ("reason", reason), ("detail", detail)):
             if not isinstance(value, str):
                 raise StoreError(f"dead letter {name} must be a string, got {type(value).__name__}")
-        at = _time("at", at)
+        at = timestamp("at", at)
         with self._writing(f"add_dead_letter({experiment!r})") as conn:
             cursor = conn.execute(
                 "INSERT INTO dead_letters (experiment, topic, reason, detail, payload, "
@@ -896,26 +827,6 @@ class Store:
 
 # ---- row codecs and export queries -----------------------------------------------------------
 
-_ROUND_COLUMNS: Final = (
-    "experiment, round, action_id, intervention, target_set, cost, kind, status, attempt, "
-    "reason, proposed_at, status_at, applied, expires_at"
-)
-_READING_COLUMNS: Final = (
-    "id, experiment, round, node, value, seq, device_id, received_at, measured_at"
-)
-_ORACLE_COLUMNS: Final = "experiment, round, action_id, expected_reward, optimum, at"
-_LEDGER_COLUMNS: Final = (
-    "experiment, round, amount, state, budget_total, reserved_at, settled_at, released_at"
-)
-
-
-def _round_row(row: Sequence[Any]) -> RoundRow:
-    values = list(row)
-    values[3] = json.loads(values[3])
-    values[4] = json.loads(values[4])
-    values[12] = None if values[12] is None else json.loads(values[12])
-    return RoundRow(*values)
-
 
 def _columns(spec: str) -> list[tuple[str, export_io.ColumnKind]]:
     out: list[tuple[str, export_io.ColumnKind]] = []
@@ -959,58 +870,6 @@ _EXPORT_QUERIES: Final = {
         "round",
     ),
 }
-
-
-# ---- value checks: errors name the field ----------------------------------------------------
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise StoreError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _int(name: str, value: object, lo: int = 0, hi: int = MAX_INT64) -> int:
-    if isinstance(value, bool):
-        raise StoreError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise StoreError(f"{name} must be an integer, got {value!r}") from None
-    if not lo <= number <= hi:
-        raise StoreError(f"{name} must be in [{lo}, {hi}], got {number}")
-    return number
-
-
-def _float(name: str, value: object, nonneg: bool = False) -> float:
-    if isinstance(value, bool | str | bytes) or value is None:
-        raise StoreError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise StoreError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise StoreError(f"{name} must be finite, got {number!r}")
-    if nonneg and number < 0:
-        raise StoreError(f"{name} must be >= 0, got {number!r}")
-    return number
-
-
-def _time(name: str, value: object) -> float:
-    return _float(name, value)
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _json_object(value: object, what: str) -> str:
-    if not isinstance(value, Mapping):
-        raise StoreError(f"{what} must be a mapping, got {type(value).__name__}")
-    try:
-        return _dumps(dict(value))
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serializable: {exc}") from exc
 
 
 def _npy_bytes(experiment: str, name: str, value: object) -> bytes:
