@@ -24,13 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors.store import schema as _store_schema
 from connectors.store import (
     EXPORT_TABLES,
     BudgetExceeded,
     IllegalTransition,
     Store,
     StoreError,
+    schema,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_every_kind_of_row_round_trips_through_a_reopen(db: Path) -> None:
             dl, "cbo/toy-chain/reading", "invalid", "bad",
         )  # fmt: skip
         assert (letter.payload, letter.payload_size, letter.at) == (b"{\xff", 2, 5.0)
-        assert store.schema_version == _store_schema.schema_version()
+        assert store.schema_version == schema.schema_version()
 
 
 def test_store_runs_in_wal_with_full_sync_and_foreign_keys(store: Store) -> None:
@@ -489,13 +489,13 @@ def test_closed_store_raises(db: Path) -> None:
 def test_an_empty_file_is_migrated_to_the_current_schema(db: Path) -> None:
     db.touch()
     with Store(db) as store:
-        assert store.schema_version == _store_schema.schema_version() >= 1
+        assert store.schema_version == schema.schema_version() >= 1
     raw = sqlite3.connect(db)
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     app_id = raw.execute("PRAGMA application_id").fetchone()[0]
     raw.close()
     assert {"experiments", "rounds", "readings", "oracle", "ledger", "snapshots"} <= tables
-    assert {"snapshot_arrays", "dead_letters"} <= tables and app_id == _store_schema.APPLICATION_ID
+    assert {"snapshot_arrays", "dead_letters"} <= tables and app_id == schema.APPLICATION_ID
 
 
 def test_forward_migrations_run_only_missing_steps_and_atomically(
@@ -503,9 +503,9 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
 ) -> None:
     with Store(db) as store:
         store.upsert_experiment(EXP, SPEC)
-    v1 = _store_schema.schema_version()
-    broken = (*_store_schema.MIGRATIONS, ("ALTER TABLE rounds ADD COLUMN note TEXT", "NOT SQL"))
-    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(broken))
+    v1 = schema.schema_version()
+    broken = (*schema.MIGRATIONS, ("ALTER TABLE rounds ADD COLUMN note TEXT", "NOT SQL"))
+    monkeypatch.setattr(schema, "MIGRATIONS", list(broken))
     with pytest.raises(StoreError, match="syntax error"):
         Store(db)
     raw = sqlite3.connect(db)
@@ -513,8 +513,8 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
     assert "note" not in {r[1] for r in raw.execute("PRAGMA table_info(rounds)")}
     raw.close()
 
-    fixed = (*_store_schema.MIGRATIONS[:-1], ("ALTER TABLE rounds ADD COLUMN note TEXT",))
-    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(fixed))
+    fixed = (*schema.MIGRATIONS[:-1], ("ALTER TABLE rounds ADD COLUMN note TEXT",))
+    monkeypatch.setattr(schema, "MIGRATIONS", list(fixed))
     with Store(db) as store:
         assert store.schema_version == v1 + 1 and store.experiment_spec(EXP) == SPEC
 
@@ -523,7 +523,7 @@ def test_a_version_1_store_is_migrated_and_its_rounds_read_back(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:  # a store at schema version 1, rows as v1 wrote them
-        patch.setattr(_store_schema, "MIGRATIONS", _store_schema.MIGRATIONS[:1])
+        patch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
         with Store(db) as old:
             old.upsert_experiment(EXP, SPEC)
             assert old.schema_version == 1
@@ -540,7 +540,7 @@ def test_a_version_1_store_is_migrated_and_its_rounds_read_back(
         )
     raw.close()
     with Store(db) as store:
-        assert store.schema_version == _store_schema.schema_version() == 2
+        assert store.schema_version == schema.schema_version() == 2
         first, _ = store.rounds(EXP)
         assert (first.applied, first.expires_at, first.intervention) == (None, None, {"X": 0.0})
         assert (first.status, first.attempt) == ("published", 1)
