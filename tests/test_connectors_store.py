@@ -3,6 +3,7 @@ atomic transactions, migrations, snapshots without pickle, bounded dead letters 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import csv
 import importlib.util
@@ -26,12 +27,16 @@ from hypothesis import strategies as st
 
 from connectors.store import (
     EXPORT_TABLES,
+    ROUND_STATUSES,
+    ROUND_TRANSITIONS,
     BudgetExceeded,
     IllegalTransition,
+    RoundStatus,
     Store,
     StoreError,
     schema,
 )
+from connectors.store.ledger import LEDGER_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = "toy-chain"
@@ -216,6 +221,16 @@ def test_round_status_follows_its_state_machine(store: Store) -> None:
     assert [(r.round, r.status) for r in store.open_rounds(EXP)] == [(1, "acked"), (3, "proposed")]
     # Late readings for a closed round still count.
     assert store.add_reading(EXP, 0, "Y", 1.0, 0, "s", 9.0)
+
+
+def test_round_and_ledger_states_are_the_ones_the_schema_allows(store: Store) -> None:
+    # One enum for the project; the schema's CHECK constraints were frozen with migration 1.
+    assert ROUND_STATUSES == tuple(RoundStatus) == schema.ROUND_STATUSES
+    assert set(ROUND_TRANSITIONS) == set(RoundStatus)
+    assert LEDGER_STATES == schema.LEDGER_STATES
+    add_rounds(store, 1)
+    assert store.set_round_status(EXP, 0, RoundStatus.PUBLISHED, 1.0)
+    assert RoundStatus(store.get_round(EXP, 0).status) is RoundStatus.PUBLISHED  # type: ignore[union-attr]
 
 
 # ---- ledger ---------------------------------------------------------------------------------
@@ -609,6 +624,35 @@ def test_newer_foreign_or_corrupt_files_are_refused(tmp_path: Path) -> None:
     garbage.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match=r"garbage\.db"):
         Store(garbage)
+
+
+TABLE_MODULES = (
+    "experiments",
+    "rounds",
+    "readings",
+    "ledger",
+    "snapshots",
+    "dead_letters",
+    "export",
+)
+BACKEND_MODULES = {"sqlite3", "connectors.store.connection", "connectors.store.schema"}
+SQLITE_ONLY = ("PRAGMA", "BEGIN IMMEDIATE", "IS ?", "LIMIT -1", "sqlite_", "INSERT OR ", "ROWID")
+
+
+def test_table_modules_import_no_backend_and_write_no_sqlite_only_sql() -> None:
+    """A second backend (issue 18) is to share the table modules: SQLite stays in connection."""
+    for name in TABLE_MODULES:
+        tree = ast.parse((REPO / "connectors" / "store" / f"{name}.py").read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        assert not imported & BACKEND_MODULES, (name, imported & BACKEND_MODULES)
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+        sql = " ".join(v.upper() for v in strings if isinstance(v, str))
+        assert not [w for w in SQLITE_ONLY if w.upper() in sql], name
 
 
 # ---- snapshots ------------------------------------------------------------------------------
