@@ -3,6 +3,7 @@ atomic transactions, migrations, snapshots without pickle, bounded dead letters 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import csv
 import importlib.util
@@ -24,14 +25,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors import _store_schema
 from connectors.store import (
     EXPORT_TABLES,
+    ROUND_STATUSES,
+    ROUND_TRANSITIONS,
     BudgetExceeded,
     IllegalTransition,
+    RoundStatus,
     Store,
     StoreError,
+    schema,
 )
+from connectors.store.ledger import LEDGER_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = "toy-chain"
@@ -114,11 +119,11 @@ def test_every_kind_of_row_round_trips_through_a_reopen(db: Path) -> None:
             dl, "cbo/toy-chain/reading", "invalid", "bad",
         )  # fmt: skip
         assert (letter.payload, letter.payload_size, letter.at) == (b"{\xff", 2, 5.0)
-        assert store.schema_version == _store_schema.schema_version()
+        assert store.schema_version == schema.schema_version()
 
 
 def test_store_runs_in_wal_with_full_sync_and_foreign_keys(store: Store) -> None:
-    conn = store._conn
+    conn = store._db.live()
     assert conn is not None
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
@@ -216,6 +221,16 @@ def test_round_status_follows_its_state_machine(store: Store) -> None:
     assert [(r.round, r.status) for r in store.open_rounds(EXP)] == [(1, "acked"), (3, "proposed")]
     # Late readings for a closed round still count.
     assert store.add_reading(EXP, 0, "Y", 1.0, 0, "s", 9.0)
+
+
+def test_round_and_ledger_states_are_the_ones_the_schema_allows(store: Store) -> None:
+    # One enum for the project; the schema's CHECK constraints were frozen with migration 1.
+    assert ROUND_STATUSES == tuple(RoundStatus) == schema.ROUND_STATUSES
+    assert set(ROUND_TRANSITIONS) == set(RoundStatus)
+    assert LEDGER_STATES == schema.LEDGER_STATES
+    add_rounds(store, 1)
+    assert store.set_round_status(EXP, 0, RoundStatus.PUBLISHED, 1.0)
+    assert RoundStatus(store.get_round(EXP, 0).status) is RoundStatus.PUBLISHED  # type: ignore[union-attr]
 
 
 # ---- ledger ---------------------------------------------------------------------------------
@@ -391,7 +406,7 @@ def test_sigkill_mid_stream_keeps_every_write_that_returned(db: Path, delay_ms: 
     committed = {kind: {int(i) for k, i in map(str.split, printed) if k == kind} for kind in "ts"}
 
     with Store(db) as store:
-        conn = store._conn
+        conn = store._db.live()
         assert conn is not None and conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
         rounds = {r.round: r for r in store.rounds(EXP)}
@@ -489,13 +504,13 @@ def test_closed_store_raises(db: Path) -> None:
 def test_an_empty_file_is_migrated_to_the_current_schema(db: Path) -> None:
     db.touch()
     with Store(db) as store:
-        assert store.schema_version == _store_schema.schema_version() >= 1
+        assert store.schema_version == schema.schema_version() >= 1
     raw = sqlite3.connect(db)
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     app_id = raw.execute("PRAGMA application_id").fetchone()[0]
     raw.close()
     assert {"experiments", "rounds", "readings", "oracle", "ledger", "snapshots"} <= tables
-    assert {"snapshot_arrays", "dead_letters"} <= tables and app_id == _store_schema.APPLICATION_ID
+    assert {"snapshot_arrays", "dead_letters"} <= tables and app_id == schema.APPLICATION_ID
 
 
 def test_forward_migrations_run_only_missing_steps_and_atomically(
@@ -503,9 +518,9 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
 ) -> None:
     with Store(db) as store:
         store.upsert_experiment(EXP, SPEC)
-    v1 = _store_schema.schema_version()
-    broken = (*_store_schema.MIGRATIONS, ("ALTER TABLE rounds ADD COLUMN note TEXT", "NOT SQL"))
-    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(broken))
+    v1 = schema.schema_version()
+    broken = (*schema.MIGRATIONS, ("ALTER TABLE rounds ADD COLUMN note TEXT", "NOT SQL"))
+    monkeypatch.setattr(schema, "MIGRATIONS", list(broken))
     with pytest.raises(StoreError, match="syntax error"):
         Store(db)
     raw = sqlite3.connect(db)
@@ -513,8 +528,8 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
     assert "note" not in {r[1] for r in raw.execute("PRAGMA table_info(rounds)")}
     raw.close()
 
-    fixed = (*_store_schema.MIGRATIONS[:-1], ("ALTER TABLE rounds ADD COLUMN note TEXT",))
-    monkeypatch.setattr(_store_schema, "MIGRATIONS", list(fixed))
+    fixed = (*schema.MIGRATIONS[:-1], ("ALTER TABLE rounds ADD COLUMN note TEXT",))
+    monkeypatch.setattr(schema, "MIGRATIONS", list(fixed))
     with Store(db) as store:
         assert store.schema_version == v1 + 1 and store.experiment_spec(EXP) == SPEC
 
@@ -523,7 +538,7 @@ def test_a_version_1_store_is_migrated_and_its_rounds_read_back(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:  # a store at schema version 1, rows as v1 wrote them
-        patch.setattr(_store_schema, "MIGRATIONS", _store_schema.MIGRATIONS[:1])
+        patch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
         with Store(db) as old:
             old.upsert_experiment(EXP, SPEC)
             assert old.schema_version == 1
@@ -540,7 +555,7 @@ def test_a_version_1_store_is_migrated_and_its_rounds_read_back(
         )
     raw.close()
     with Store(db) as store:
-        assert store.schema_version == _store_schema.schema_version() == 2
+        assert store.schema_version == schema.schema_version() == 2
         first, _ = store.rounds(EXP)
         assert (first.applied, first.expires_at, first.intervention) == (None, None, {"X": 0.0})
         assert (first.status, first.attempt) == ("published", 1)
@@ -611,6 +626,35 @@ def test_newer_foreign_or_corrupt_files_are_refused(tmp_path: Path) -> None:
         Store(garbage)
 
 
+TABLE_MODULES = (
+    "experiments",
+    "rounds",
+    "readings",
+    "ledger",
+    "snapshots",
+    "dead_letters",
+    "export",
+)
+BACKEND_MODULES = {"sqlite3", "connectors.store.connection", "connectors.store.schema"}
+SQLITE_ONLY = ("PRAGMA", "BEGIN IMMEDIATE", "IS ?", "LIMIT -1", "sqlite_", "INSERT OR ", "ROWID")
+
+
+def test_table_modules_import_no_backend_and_write_no_sqlite_only_sql() -> None:
+    """A second backend (issue 18) is to share the table modules: SQLite stays in connection."""
+    for name in TABLE_MODULES:
+        tree = ast.parse((REPO / "connectors" / "store" / f"{name}.py").read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        assert not imported & BACKEND_MODULES, (name, imported & BACKEND_MODULES)
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+        sql = " ".join(v.upper() for v in strings if isinstance(v, str))
+        assert not [w for w in SQLITE_ONLY if w.upper() in sql], name
+
+
 # ---- snapshots ------------------------------------------------------------------------------
 
 
@@ -644,7 +688,7 @@ def test_snapshots_round_trip_arrays_bit_for_bit(tmp_path: Path) -> None:
             assert got.tobytes() == want.tobytes() and got.flags.writeable, name
         assert snap.arrays["fortran"].flags.f_contiguous
         store.save_snapshot(EXP, 0, {}, {"k": 2})
-        conn = store._conn
+        conn = store._db.live()
         assert conn is not None
         kept = [r[0] for r in conn.execute("SELECT meta FROM snapshots ORDER BY id")]
         assert kept == ['{"hyper":{"ls":[0.5,1.5]},"k":1}', '{"k":2}']  # keeps the newest two
@@ -680,7 +724,7 @@ def test_snapshots_refuse_pickled_object_arrays(tmp_path: Path) -> None:
             ("raw-pickle", pickle.dumps(_Tripwire(str(tripwire)))),
         ]:
             sid = store.save_snapshot(EXP, 0, {name: np.zeros(1)}, {})
-            conn = store._conn
+            conn = store._db.live()
             assert conn is not None
             conn.execute("UPDATE snapshot_arrays SET npy = ? WHERE snapshot_id = ?", (blob, sid))
             with pytest.raises(StoreError, match=f"'{name}'"):

@@ -537,5 +537,5 @@ def test_nothing_in_the_project_unpickles_or_torch_loads() -> None:
     }
     assert not found
     # and the one place that reads arrays back says so explicitly
-    store_source = (ROOT / "connectors" / "store.py").read_text()
+    store_source = (ROOT / "connectors" / "store" / "snapshots.py").read_text()
     assert "read_array(io.BytesIO(blob), allow_pickle=False)" in store_source

@@ -1,4 +1,4 @@
-"""Schema of the durable store and its forward migrations (used by `connectors.store`).
+"""Schema of the SQLite store and its forward migrations, run by `connection.SqliteDatabase`.
 
 The schema version lives in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
 a cbo-agent store so that another program's SQLite file is refused instead of altered. Each
@@ -16,6 +16,9 @@ from typing import Final
 
 APPLICATION_ID: Final = 0x4342_4F41  # "CBOA"
 
+# The values migration 1's CHECK constraints allow, frozen with it (its DDL text is in every
+# store file). The code's lists are `rounds.RoundStatus` and `ledger.LEDGER_STATES`; a test keeps
+# them equal.
 ROUND_STATUSES: Final = ("proposed", "published", "acked", "rejected", "closed", "expired")
 LEDGER_STATES: Final = ("reserved", "settled", "released")
 

@@ -1,0 +1,177 @@
+"""`Store.export`: an experiment's rounds, readings, oracle values and ledger, one CSV or Parquet
+file per table, each written atomically.
+
+`check` refuses a bad request before anything is read, `read_tables` reads the four tables (run
+it in one consistent read) and `write_tables` writes the files. A table is a column spec (name,
+kind) and rows of plain values. CSV needs only the standard library; Parquet needs pyarrow, the
+project's `parquet` extra (which the image and the test extra install): without it `check`
+raises `StoreError` before any file is touched, and the message says how to install it or to
+use CSV.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal, TextIO
+
+from connectors.store.errors import StoreError
+from connectors.store.sql import Connection
+
+__all__ = [
+    "EXPORT_TABLES",
+    "ExportFormat",
+    "ParquetUnavailable",
+    "check",
+    "read_tables",
+    "require_pyarrow",
+    "write_csv",
+    "write_parquet",
+    "write_tables",
+]
+
+ExportFormat = Literal["csv", "parquet"]
+ColumnKind = Literal["int", "float", "str"]
+Columns = Sequence[tuple[str, ColumnKind]]
+Rows = Sequence[Sequence[Any]]
+
+EXPORT_TABLES: Final = ("rounds", "readings", "oracle", "ledger")
+
+
+class ParquetUnavailable(RuntimeError):
+    """pyarrow is not installed, so Parquet cannot be written."""
+
+
+def require_pyarrow() -> Any:
+    """Import pyarrow (and pyarrow.parquet) or raise `ParquetUnavailable` saying what to do."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise ParquetUnavailable(
+            "Parquet export needs pyarrow, which is not installed "
+            "(pip install 'cbo-agent[parquet]', or pyarrow); use fmt='csv' (--format csv) instead"
+        ) from exc
+    return pyarrow
+
+
+def check(experiment: str, fmt: str) -> None:
+    """StoreError for an unknown format, Parquet without pyarrow, or an experiment name that
+    cannot name a file."""
+    if fmt not in ("csv", "parquet"):
+        raise StoreError(f"export format must be 'csv' or 'parquet', got {fmt!r}")
+    if fmt == "parquet":
+        try:
+            require_pyarrow()
+        except ParquetUnavailable as exc:
+            raise StoreError(str(exc)) from exc
+    if Path(experiment).name != experiment or experiment in (".", ".."):
+        raise StoreError(f"experiment name {experiment!r} cannot name an export file")
+
+
+def read_tables(conn: Connection, experiment: str) -> dict[str, list[Any]]:
+    """The experiment's rows of each of EXPORT_TABLES, in the columns of `_QUERIES`."""
+    return {
+        name: conn.execute(_QUERIES[name][1], (experiment,)).fetchall() for name in EXPORT_TABLES
+    }
+
+
+def write_tables(
+    directory: str | Path, experiment: str, fmt: ExportFormat, tables: dict[str, list[Any]]
+) -> list[Path]:
+    """Write ``<directory>/<experiment>_<table>.<fmt>`` for each table; the paths in the order
+    of EXPORT_TABLES."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write = write_csv if fmt == "csv" else write_parquet
+    paths = []
+    for name in EXPORT_TABLES:
+        path = out / f"{experiment}_{name}.{fmt}"
+        write(path, _QUERIES[name][0], tables[name])
+        paths.append(path)
+    return paths
+
+
+def write_csv(path: Path, columns: Columns, rows: Rows) -> None:
+    """Write a header line and the rows; floats as repr, so they read back bit for bit."""
+    with _atomic(path, newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([name for name, _ in columns])
+        writer.writerows(["" if value is None else value for value in row] for row in rows)
+
+
+def write_parquet(path: Path, columns: Columns, rows: Rows) -> None:
+    """Write the rows as one Parquet file with an explicit schema (so empty tables have one)."""
+    pa = require_pyarrow()
+    types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+    schema = pa.schema([(name, types[kind]) for name, kind in columns])
+    data = {name: [row[i] for row in rows] for i, (name, _) in enumerate(columns)}
+    table = pa.Table.from_pydict(data, schema=schema)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        pa.parquet.write_table(table, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def _atomic(path: Path, newline: str | None = None) -> Iterator[TextIO]:
+    """Write to a sibling temporary file and rename it over `path` only when complete."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline=newline) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _columns(spec: str) -> list[tuple[str, ColumnKind]]:
+    out: list[tuple[str, ColumnKind]] = []
+    for item in spec.split(","):
+        name, kind = item.split(":")
+        out.append((name.strip(), kind.strip()))  # type: ignore[arg-type]
+    return out
+
+
+def _query(table: str, spec: str, order: str) -> tuple[list[tuple[str, ColumnKind]], str]:
+    columns = _columns(spec)
+    names = ", ".join(name for name, _ in columns)
+    return columns, f"SELECT {names} FROM {table} WHERE experiment = ? ORDER BY {order}"
+
+
+# Each exported table: its columns with their kinds, and the query that reads them.
+_QUERIES: Final = {
+    "rounds": _query(
+        "rounds",
+        "experiment:str, round:int, action_id:str, kind:str, cost:float, status:str, "
+        "attempt:int, reason:str, proposed_at:float, status_at:float, intervention:str, "
+        "target_set:str, applied:str, expires_at:float",
+        "round",
+    ),
+    "readings": _query(
+        "readings",
+        "id:int, experiment:str, round:int, node:str, value:float, seq:int, device_id:str, "
+        "measured_at:float, received_at:float",
+        "id",
+    ),
+    "oracle": _query(
+        "oracle",
+        "experiment:str, round:int, action_id:str, expected_reward:float, optimum:float, at:float",
+        "round",
+    ),
+    "ledger": _query(
+        "ledger",
+        "experiment:str, round:int, amount:float, state:str, budget_total:float, "
+        "reserved_at:float, settled_at:float, released_at:float",
+        "round",
+    ),
+}

@@ -1,0 +1,92 @@
+"""The readings and oracle tables: what devices measured, and what a simulator says a round's
+action was worth.
+
+A reading is stored once per (experiment, device_id, node, seq): a repeat writes nothing,
+whatever its other fields. Reading ids are the arrival order over the whole store, never
+reused. Oracle values (E[y | action] and the optimum) are kept once per round, the first wins.
+"""
+
+from __future__ import annotations
+
+from connectors.store import rounds
+from connectors.store.errors import StoreError
+from connectors.store.rows import ORACLE_COLUMNS, READING_COLUMNS, OracleRow, ReadingRow
+from connectors.store.sql import Connection
+
+__all__ = ["add", "add_oracle", "last_id", "newest_id", "oracles", "select"]
+
+
+def add(
+    conn: Connection,
+    experiment: str,
+    round: int,
+    node: str,
+    value: float,
+    seq: int,
+    device_id: str,
+    received_at: float,
+    measured_at: float | None,
+) -> bool:
+    """Insert the reading; False (nothing written) if its key is stored. StoreError if the
+    round is unknown (readings name a round the store knows)."""
+    rounds.require(conn, experiment, round)
+    cursor = conn.execute(
+        "INSERT INTO readings (experiment, round, node, value, seq, device_id, "
+        "measured_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (experiment, device_id, node, seq) DO NOTHING",
+        (experiment, round, node, value, seq, device_id, measured_at, received_at),
+    )
+    return cursor.rowcount == 1
+
+
+def select(conn: Connection, experiment: str, after_id: int, limit: int | None) -> list[ReadingRow]:
+    """Readings with id > `after_id`, in arrival order (at most `limit` of them)."""
+    sql = f"SELECT {READING_COLUMNS} FROM readings WHERE experiment = ? AND id > ? ORDER BY id"
+    parameters: tuple[str | int, ...] = (experiment, after_id)
+    if limit is not None:
+        sql, parameters = f"{sql} LIMIT ?", (*parameters, limit)
+    return [ReadingRow(*r) for r in conn.execute(sql, parameters).fetchall()]
+
+
+def last_id(conn: Connection, experiment: str) -> int:
+    """The id of the experiment's newest reading, 0 if it has none."""
+    row = conn.execute(
+        "SELECT max(id) FROM readings WHERE experiment = ?", (experiment,)
+    ).fetchone()
+    return int(row[0] or 0)
+
+
+def newest_id(conn: Connection) -> int:
+    """The id of the store's newest reading, any experiment; 0 if there is none."""
+    return int(conn.execute("SELECT coalesce(max(id), 0) FROM readings").fetchone()[0])
+
+
+def add_oracle(
+    conn: Connection,
+    where: str,
+    experiment: str,
+    round: int,
+    action_id: str,
+    expected_reward: float,
+    optimum: float,
+    at: float,
+) -> bool:
+    """Insert the round's oracle values; False (nothing written) if it has them. StoreError,
+    `where` naming the call, if the round is unknown or `action_id` is not its action."""
+    held = rounds.require(conn, experiment, round)
+    if held != action_id:
+        raise StoreError(f"{where}: action_id {action_id!r} is not the round's {held!r}")
+    cursor = conn.execute(
+        "INSERT INTO oracle (experiment, round, action_id, expected_reward, optimum, at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (experiment, round) DO NOTHING",
+        (experiment, round, action_id, expected_reward, optimum, at),
+    )
+    return cursor.rowcount == 1
+
+
+def oracles(conn: Connection, experiment: str) -> list[OracleRow]:
+    rows = conn.execute(
+        f"SELECT {ORACLE_COLUMNS} FROM oracle WHERE experiment = ? ORDER BY round",
+        (experiment,),
+    ).fetchall()
+    return [OracleRow(*r) for r in rows]
