@@ -220,9 +220,17 @@ def test_the_deadline_is_expires_at_and_the_reservation_is_released_then():
     clock = Clock()
     with Store(":memory:") as store:
         exp = paid(store, clock)
-        number = expire(exp, clock)
+        with capture_logs() as events:
+            number = expire(exp, clock)
         assert store.get_round("paid", number).expires_at == exp.rounds[number].action.expires_at
         assert store.ledger("paid").spent == 0.0 and exp.can_propose(clock.now)
+        (ended,) = [e for e in events if e["event"] == "round.ended"]
+        assert (ended["experiment"], ended["round"], ended["status"], ended["why"]) == (
+            "paid",
+            number,
+            "expired",
+            "no ack by expires_at",
+        )
 
 
 def test_an_ack_after_expiry_is_charged_and_ends_the_experiment_when_the_budget_is_gone():
@@ -240,7 +248,8 @@ def test_an_ack_after_expiry_is_charged_and_ends_the_experiment_when_the_budget_
         assert not exp.can_propose(clock.now)
         assert exp.finished_reason.startswith("budget spent")
         (event,) = [e for e in events if e["event"] == "budget.device_overspend"]
-        assert (event["reason"], event["over_budget"], event["budget_spent"]) == (
+        assert (event["round"], event["reason"], event["over_budget"], event["budget_spent"]) == (
+            number,
             "ack_after_expiry",
             False,
             2.0,
@@ -304,8 +313,15 @@ def test_a_device_that_refuses_an_expired_action_releases_its_round():
         refusal = applied_ack(exp, live.number, at=clock.now).model_copy(
             update={"status": "rejected", "reason": "expired", "applied": {}}
         )
-        assert exp.on_ack(refusal).outcome == "accepted"
+        with capture_logs() as events:
+            assert exp.on_ack(refusal).outcome == "accepted"
         assert live.status is RoundStatus.REJECTED and store.ledger("paid").spent == 0.0
+        (ended,) = [e for e in events if e["event"] == "round.ended"]
+        assert (ended["round"], ended["status"], ended["why"]) == (
+            live.number,
+            "rejected",
+            "device rejected: expired",
+        )
 
 
 def test_a_restart_renews_the_expiry_of_unacknowledged_rounds_before_republishing(tmp_path):

@@ -84,7 +84,7 @@ def test_the_same_seed_makes_the_same_initial_design_and_another_seed_another():
                 live = exp.propose()
                 exp.mark_published(number)
                 exp.on_ack(ack(exp, number))
-                exp._close(live, 0.0, "test")
+                exp.close_round(live, 0.0, "test")
                 out.append(live.intervention)
             return out
 

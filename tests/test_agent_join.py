@@ -242,7 +242,7 @@ def test_experiment_stops_when_the_budget_pays_for_no_action():
         live = exp.propose()
         exp.mark_published(live.number)
         exp.on_ack(ack(exp, live.number))
-        exp._close(live, 0.0, "test")
+        exp.close_round(live, 0.0, "test")
         proposed += 1
     assert exp.budget_spent() <= 3.0
     assert exp.finished_reason.startswith("budget spent")

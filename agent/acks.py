@@ -1,0 +1,113 @@
+"""Acknowledgements: a device applied an action, refused it, or has no room for it yet.
+
+Every action carries `expires_at`, the moment the agent gives up on it; devices must not apply
+it from then on. Should one do so anyway (an "applied" ack or readings for an expired round),
+the cost is charged again — past the budget if need be — and counted as a device overspend:
+the agent never spends beyond the budget by itself, and what a device did is recorded, not
+hidden.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent import telemetry
+from agent.rounds import LiveRound, RoundStatus, Verdict
+from connectors.schemas import Ack
+
+if TYPE_CHECKING:
+    from agent.experiment import Experiment
+
+__all__ = ["BUSY", "BUSY_RETRY_S", "on_ack", "overspent"]
+
+BUSY = "busy"  # an ack reason from a device with too many actions in flight: retry later
+BUSY_RETRY_S = 1.0
+
+
+def on_ack(exp: Experiment, ack: Ack) -> Verdict:
+    live = exp.rounds.get(ack.round)
+    if live is None or live.action.action_id != ack.action_id:
+        return Verdict("rejected", "unknown_round")
+    if live.status in (RoundStatus.ACKED, RoundStatus.CLOSED):
+        return Verdict("duplicate")
+    if live.status is RoundStatus.EXPIRED and ack.status == "applied":
+        return _applied_after_expiry(exp, live, ack)
+    if not live.is_open:
+        return Verdict("late")
+    now = exp.clock()
+    if ack.status == "rejected" and ack.reason == BUSY:
+        live.retry_at = now + BUSY_RETRY_S  # the device will take it when it has room
+        exp.open.timers_moved()
+        return Verdict("accepted")
+    if ack.status == "rejected":
+        exp.end_round(live, RoundStatus.REJECTED, now, f"device rejected: {ack.reason}")
+        return Verdict("accepted")
+    _acknowledge(exp, live, ack, now)
+    return Verdict("accepted")
+
+
+def _acknowledge(exp: Experiment, live: LiveRound, ack: Ack, now: float) -> None:
+    """The device applied the action: the reservation is settled, the round waits for readings."""
+    applied = _applied(exp, live, ack)
+    with exp.store.transaction():
+        exp.store.set_round_status(exp.name, live.number, RoundStatus.ACKED, now)
+        exp.store.settle(exp.name, live.number, now)
+        if applied is not None:
+            exp.store.set_applied(exp.name, live.number, applied)
+    live.status, live.acked_at = RoundStatus.ACKED, now
+    exp.open.timers_moved()
+    if applied is not None:
+        exp.model.history[live.model_round].intervention = applied
+    exp.maybe_close(live, now)
+
+
+def _applied(exp: Experiment, live: LiveRound, ack: Ack) -> dict[str, float] | None:
+    """What the device applied, when it differs from the action (clamped, say) and names
+    only declared actions; None otherwise. The model learns from what happened."""
+    if not ack.applied or ack.applied == live.action.intervention:
+        return None
+    unknown = sorted(set(ack.applied) - set(exp.spec.action_names))
+    if unknown:
+        live.log.warning("ack.applied_ignored", applied=ack.applied, unknown=unknown)
+        return None
+    live.log.info("ack.applied_differs", sent=live.action.intervention, applied=ack.applied)
+    return dict(ack.applied)
+
+
+def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict:
+    """An "applied" ack for a round the agent had given up on: the action happened, so it
+    is paid for (charged again, past the budget if need be) and the model learns it."""
+    if live.acked_at is not None:
+        return Verdict("duplicate")
+    now = exp.clock()
+    applied = _applied(exp, live, ack)
+    with exp.store.transaction():
+        charged = exp.store.charge(exp.name, live.number, now)
+        if applied is not None:
+            exp.store.set_applied(exp.name, live.number, applied)
+    live.acked_at = now
+    if applied is not None:
+        exp.model.history[live.model_round].intervention = applied
+    if charged:
+        expires_at = live.action.expires_at
+        late = expires_at is not None and ack.at >= expires_at
+        overspent(exp, live, "applied_after_expiry" if late else "ack_after_expiry", ack.at)
+    return Verdict("late")
+
+
+def overspent(exp: Experiment, live: LiveRound, reason: str, applied_at: float | None) -> None:
+    """Log and count a cost charged after its round expired (an ack, or readings: `agent.join`)."""
+    total = exp.spec.constraints.budget_total
+    spent = exp.budget_spent()
+    live.log.warning(
+        "budget.device_overspend",
+        reason=reason,
+        cost=live.cost,
+        expires_at=live.action.expires_at,
+        applied_at=applied_at,
+        budget_spent=spent,
+        budget_total=total,
+        over_budget=total is not None and spent > total,
+    )
+    telemetry.device_overspend(exp, reason)
+    telemetry.export_budget(exp)

@@ -1,0 +1,203 @@
+"""Feedback join: readings and oracle values, matched to their rounds, stored, then learned.
+
+A reading names its round and node. It is dropped as a duplicate when the store has already
+seen (device, node, seq) or the round already has that node; it teaches the model as soon as the
+node's row is complete (its value and its parents' values), also after the round closed
+("late"). A batch's new readings are taught in one block update, one round or several.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from agent import acks, telemetry
+from agent.rounds import LiveRound, RoundStatus, Verdict
+from connectors.schemas import Oracle, Reading
+from core.gp import LearnReport
+from core.spec import ExperimentSpec
+
+if TYPE_CHECKING:
+    from agent.experiment import Experiment
+
+__all__ = ["IMPLAUSIBLE_SPANS", "implausible", "observe", "on_oracle", "on_readings"]
+
+IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
+
+Fresh = dict[int, dict[str, float]]  # round -> node -> value, admitted in this batch
+
+
+def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
+    """Join a batch of readings: store them, then update the model once per round.
+
+    One durable commit per batch holds the readings and what teaching writes (round closes,
+    model snapshots): a commit (an fsync) costs more than the rest of a small batch. Nothing
+    is acknowledged to the broker before this returns, so should the commit fail, the
+    broker still holds every reading of the batch for the next life.
+    """
+    now = exp.clock()
+    verdicts: list[Verdict] = []
+    fresh: Fresh = {}
+    with exp.store.transaction():
+        for reading in readings:
+            verdicts.append(_admit(exp, reading, fresh, now))
+        if fresh:
+            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], now)
+    return verdicts
+
+
+def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdict:
+    """Check one reading and store it unless it is a duplicate; `fresh` collects new values."""
+    live = exp.rounds.get(reading.round)
+    if live is None:
+        return Verdict("rejected", "unknown_round")
+    if reading.node not in exp.model.inputs:
+        return Verdict("rejected", "unknown_node")
+    if live.status is RoundStatus.REJECTED:
+        return Verdict("rejected", "stale_round")  # the device refused the action
+    bad = implausible(exp.spec, reading.node, reading.value)
+    if bad:
+        return Verdict("rejected", bad)
+    if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
+        return Verdict("duplicate")
+    stored = exp.store.add_reading(
+        exp.name, reading.round, reading.node, reading.value, reading.seq, reading.device_id, now
+    )
+    if not stored:
+        return Verdict("duplicate")
+    fresh.setdefault(live.number, {})[reading.node] = reading.value
+    if live.status is RoundStatus.EXPIRED:
+        # readings of an action the agent had given up on: it was applied after all
+        if exp.store.charge(exp.name, live.number, now):
+            acks.overspent(exp, live, "readings_after_expiry", None)
+        return Verdict("late")
+    return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")
+
+
+def implausible(spec: ExperimentSpec, node_name: str, value: float) -> str:
+    """A reason to reject a value, else ''.
+
+    Outside the node's declared `valid_range`, or — without one — farther from its typical
+    range (`bounds`) than IMPLAUSIBLE_SPANS times that range's width: no sensor of a
+    system described by the spec reads that, and such a value would only wreck the model.
+    """
+    node = spec.node(node_name)
+    low, high = node.valid_range or node.bounds
+    if node.valid_range is None:
+        reach = IMPLAUSIBLE_SPANS * (high - low)
+        low, high = low - reach, high + reach
+    return "" if low <= value <= high else "out_of_range"
+
+
+def observe(
+    exp: Experiment, live: LiveRound, values: dict[str, float], *, refit: bool = True
+) -> LearnReport | None:
+    """Teach the model; a failure is logged, never fatal (the readings stay stored).
+
+    Bad data that got past every check must not stop the service, nor — replayed from the
+    store — its next start.
+    """
+    try:
+        return exp.model.observe(live.model_round, values, refit=refit)
+    except Exception:
+        live.log.exception("model.update_failed", readings=values)
+        return None
+
+
+def _teach(exp: Experiment, batch: list[tuple[LiveRound, dict[str, float]]], now: float) -> None:
+    """Teach the model the new readings of a batch's rounds, several with one block update.
+
+    `NetworkModel.observe_many` reads each node's factor once for the whole batch instead of
+    once per round; everything else happens per round. Should the block fail, the rounds
+    are taught one by one: a bad row must not stop the others.
+    """
+    for live, values in batch:
+        exp.forget_pending(live)  # the real readings replace the round's pending points
+        live.readings.update(values)
+        live.last_reading_at = now
+    if len(batch) == 1:
+        _teach_round(exp, *batch[0], now)
+        return
+    started = time.perf_counter()
+    try:
+        report = exp.model.observe_many([(live.model_round, v) for live, v in batch])
+    except Exception:
+        exp.log.exception(
+            "model.update_failed",
+            rounds=[live.number for live, _ in batch],
+            readings=[values for _, values in batch],
+        )
+        for live, values in batch:  # the readings are stored: teach what each round can
+            _teach_round(exp, live, values, now)
+        return
+    _taught(exp, [live for live, _ in batch], report, time.perf_counter() - started, now)
+
+
+def _teach_round(exp: Experiment, live: LiveRound, values: dict[str, float], now: float) -> None:
+    started = time.perf_counter()
+    report = observe(exp, live, values)
+    _taught(exp, [live], report, time.perf_counter() - started, now)
+
+
+def _taught(
+    exp: Experiment, lives: list[LiveRound], report: LearnReport | None, seconds: float, now: float
+) -> None:
+    """After a model update of `lives` (in order): metrics, snapshot, regret, round closes."""
+    if report is None:  # the update failed (logged): only the round lifecycle goes on
+        for live in lives:
+            exp.maybe_close(live, now)
+        return
+    telemetry.model_updated(exp, seconds)
+    if report.rebuilt:
+        _save_snapshot(exp)
+    if report.refit:
+        _log_refit(exp, lives, report)
+    for live in lives:
+        # the reward as read, or composed from its components (a decomposed reward)
+        reward = exp.model.history[live.model_round].readings.get(exp.model.reward_node)
+        if reward is not None and exp.regret.last_reward_round != live.number:
+            exp.regret.observe_reward(live.number, reward)
+            telemetry.export_regret(exp)
+        exp.maybe_close(live, now)
+
+
+def _save_snapshot(exp: Experiment) -> None:
+    """Store the GP state (hyperparameters, standardization) a rebuild changed: a restart
+    (`agent.recovery`) replays the readings without refitting and loads this state after."""
+    arrays = {k: v.detach().cpu().numpy() for k, v in exp.model.gp.state().items()}
+    exp.store.save_snapshot(
+        exp.name,
+        exp.store.last_reading_id(exp.name),
+        arrays,
+        {"observations": exp.model.gp.num_observations.tolist()},
+    )
+
+
+def _log_refit(exp: Experiment, lives: list[LiveRound], report: LearnReport) -> None:
+    """One event per refit, bound to its round, or naming the batch's rounds."""
+    log = lives[0].log if len(lives) == 1 else exp.log.bind(rounds=[r.number for r in lives])
+    log.info(
+        "model.refit",
+        nodes=[exp.model.order[j] for j in report.refit],
+        failed=[exp.model.order[j] for j in report.refit_failed],
+    )
+
+
+def on_oracle(exp: Experiment, oracle: Oracle) -> Verdict:
+    """A simulator's E[y | action] for a round (true regret): stored once, then exported."""
+    live = exp.rounds.get(oracle.round)
+    if live is None or live.action.action_id != oracle.action_id:
+        return Verdict("rejected", "unknown_round")
+    if not exp.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum):
+        return Verdict("duplicate")
+    exp.store.add_oracle(
+        exp.name,
+        oracle.round,
+        oracle.action_id,
+        oracle.expected_reward,
+        oracle.optimum,
+        exp.clock(),
+    )
+    telemetry.export_regret(exp)
+    return Verdict("accepted")

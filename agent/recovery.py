@@ -1,0 +1,160 @@
+"""Rebuild an experiment from the store: same rounds, same budget, same model.
+
+Every accepted input is stored before it changes the model or the ledger, so replaying the
+store in arrival order brings a restarted agent back to where it stopped: rounds with their
+status, readings taught (without refits), the last GP state snapshot, oracle values, and the
+pending points of rounds still in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from agent import join
+from agent.rounds import OPEN_STATUSES, LiveRound, RoundStatus
+from agent.timers import ack_window
+from connectors.schemas import Action
+from connectors.store import RoundRow, Snapshot
+
+if TYPE_CHECKING:
+    from agent.experiment import Experiment
+
+__all__ = ["STRUCTURAL_FIELDS", "check_same_experiment", "recover"]
+
+# Parts of a spec that define what the stored data mean; a restart may change the rest.
+STRUCTURAL_FIELDS = (
+    "intervention",
+    "nodes",
+    "actions",
+    "target_sets",
+    "candidates",
+    "reward",
+    "model",
+)
+
+
+def check_same_experiment(exp: Experiment) -> None:
+    """Refuse to continue a stored experiment whose graph or model the spec has changed."""
+    stored = exp.store.experiment_spec(exp.name)
+    if stored is None:
+        return
+    current = exp.spec.model_dump(mode="json", by_alias=True)
+    changed = [key for key in STRUCTURAL_FIELDS if stored.get(key) != current.get(key)]
+    if changed:
+        raise ValueError(
+            f"experiment {exp.name!r} exists in the store with different {changed}; "
+            "give the changed experiment a new name (or use a new store)"
+        )
+
+
+def recover(exp: Experiment) -> None:
+    """Continue a stored experiment: same rounds, same budget, same model."""
+    rows = exp.store.rounds(exp.name)
+    if not rows:
+        return
+    # Timers ran while the agent was down; they restart now, so that what the broker queued for
+    # this session (acks, readings) is read before a round can expire or time out.
+    now = exp.clock()
+    with exp.store.transaction():
+        expiries = _renew_expiries(exp, rows, now)
+    for row in rows:  # by round number, so open rounds stay in round order
+        exp.track(_live_round(exp, row, expiries.get(row.round, row.expires_at), now))
+    published = [row.proposed_at for row in rows if row.attempt > 0]
+    if published:  # the rate limit holds across restarts (a crash loop must not flood)
+        exp.last_publish_at = max(published)
+    readings = _replay_readings(exp)
+    snapshot = _load_snapshot(exp)
+    for oracle in exp.store.oracles(exp.name):
+        exp.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum)
+    if exp.spec.schedule.pipeline > 1:  # rounds still in flight are pending again
+        for live in exp.open_rounds:
+            if not live.readings:
+                live.pending = exp.model.add_pending(live.intervention)
+    exp.log.info(
+        "experiment.recovered",
+        rounds=len(rows),
+        readings=readings,
+        open_rounds=[r.number for r in exp.open_rounds],
+        snapshot=snapshot.id if snapshot else None,
+        budget_spent=exp.budget_spent(),
+    )
+
+
+def _renew_expiries(exp: Experiment, rows: list[RoundRow], now: float) -> dict[int, float]:
+    """A new expiry window for every unacknowledged open round: round -> expires_at.
+
+    Like the ack timers, the window restarts with this life (so what the broker queued for
+    the session is read before the round can expire). Moving an expiry later is always
+    safe — the agent only waits longer before it releases the reservation — and it is
+    stored before the action is published again with it.
+    """
+    fresh = now + ack_window(exp.spec.schedule)
+    renewed = {}
+    for row in rows:
+        unacked = row.status in (RoundStatus.PROPOSED, RoundStatus.PUBLISHED)
+        if unacked and (row.expires_at is None or row.expires_at < fresh):
+            exp.store.set_expires_at(exp.name, row.round, fresh)
+            renewed[row.round] = fresh
+    return renewed
+
+
+def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None, now: float) -> LiveRound:
+    """The stored round as the agent tracks it; its model round starts from what was applied."""
+    status = RoundStatus(row.status)
+    action = Action(
+        experiment=exp.name,
+        round=row.round,
+        action_id=row.action_id,
+        intervention=row.intervention,
+        kind=row.kind,
+        issued_at=row.proposed_at,
+        attempt=max(row.attempt, 1),
+        expires_at=expires_at,
+    )
+    # the model learns from what the device reported applied (clamped, say)
+    applied = row.applied if row.applied is not None else row.intervention
+    return LiveRound(
+        number=row.round,
+        action=action,
+        target_set=tuple(row.target_set),
+        cost=row.cost,
+        acquisition=math.nan,
+        policy="(recovered)",
+        model_round=exp.model.start_round(applied),
+        status=status,
+        proposed_at=row.proposed_at,
+        published_at=now if row.attempt > 0 else None,
+        acked_at=now if status is RoundStatus.ACKED else None,
+        closed_at=row.status_at if status not in OPEN_STATUSES else None,
+    )
+
+
+def _replay_readings(exp: Experiment) -> int:
+    """Teach the stored readings again, in arrival order: every node learns what it learned
+    before. Returns how many were stored."""
+    readings = exp.store.readings(exp.name)
+    for reading in readings:
+        live = exp.rounds[reading.round]
+        if reason := join.implausible(exp.spec, reading.node, reading.value):
+            # stored by an older, laxer agent: skipped, as the join would reject it today
+            live.log.warning(
+                "recovery.reading_skipped", node=reading.node, value=reading.value, reason=reason
+            )
+            continue
+        live.readings[reading.node] = reading.value
+        join.observe(exp, live, {reading.node: reading.value}, refit=False)
+        if reading.node == exp.model.reward_node:
+            exp.regret.observe_reward(reading.round, reading.value)
+    return len(readings)
+
+
+def _load_snapshot(exp: Experiment) -> Snapshot | None:
+    """Restore the GP state of the last snapshot (hyperparameters, standardization), if any."""
+    snapshot = exp.store.latest_snapshot(exp.name)
+    if snapshot is not None:
+        state = {k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()}
+        exp.model.gp.load_state(state)
+    return snapshot

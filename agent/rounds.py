@@ -1,0 +1,110 @@
+"""A round as the agent tracks it, and what the agent says about rounds and messages.
+
+Round lifecycle:
+
+    proposed --publish--> published --ack applied--> acked --all readings / timeout--> closed
+                              |  \\--ack rejected--> rejected (budget released)
+                              \\--no ack by expires_at--> expired (budget released)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+import structlog
+from structlog.typing import FilteringBoundLogger
+
+from connectors.schemas import Action
+
+__all__ = [
+    "OPEN_STATUSES",
+    "EventSink",
+    "LiveRound",
+    "Outcome",
+    "RoundEvent",
+    "RoundStatus",
+    "Verdict",
+]
+
+Outcome = Literal["accepted", "duplicate", "late", "rejected"]
+
+
+class RoundStatus(StrEnum):
+    # The store keeps the same values; one project-wide enum is planned (issue 17 §6).
+    PROPOSED = "proposed"
+    PUBLISHED = "published"
+    ACKED = "acked"
+    CLOSED = "closed"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+OPEN_STATUSES = frozenset({RoundStatus.PROPOSED, RoundStatus.PUBLISHED, RoundStatus.ACKED})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one incoming message."""
+
+    outcome: Outcome
+    reason: str = ""
+
+
+@dataclass
+class LiveRound:
+    """A round as the agent tracks it; `log` carries its experiment and number."""
+
+    number: int
+    action: Action
+    target_set: tuple[str, ...]
+    cost: float
+    acquisition: float
+    policy: str
+    model_round: int
+    status: RoundStatus = RoundStatus.PROPOSED
+    proposed_at: float = 0.0
+    published_at: float | None = None
+    acked_at: float | None = None
+    closed_at: float | None = None
+    last_reading_at: float | None = None
+    retry_at: float | None = None  # a device said "busy": re-publish then
+    pending: int | None = None  # the model's pending-point handle while the round is in flight
+    readings: dict[str, float] = field(default_factory=dict)
+    log: FilteringBoundLogger = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # bound once, so no event about the round has to name it by hand
+        self.log = structlog.get_logger(__name__).bind(
+            experiment=self.action.experiment, round=self.number
+        )
+
+    @property
+    def intervention(self) -> dict[str, float]:
+        return dict(self.action.intervention)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in OPEN_STATUSES
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """Something a person watching the agent wants to see (the demo's live view, logs)."""
+
+    kind: Literal["proposed", "published", "closed", "rejected", "expired", "finished"]
+    experiment: str
+    round: int | None
+    intervention: dict[str, float] = field(default_factory=dict)
+    reward: float | None = None
+    expected_reward: float | None = None
+    cumulative_regret: float | None = None
+    regret_upper_estimate: float | None = None
+    decision_seconds: float | None = None
+    decision_latency_s: float | None = None
+    detail: str = ""
+
+
+EventSink = Callable[[RoundEvent], None]
