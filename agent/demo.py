@@ -32,9 +32,9 @@ from rich.live import Live
 from rich.table import Table
 
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
-from agent.experiment import RoundEvent
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
+from agent.rounds import RoundEvent
 from agent.runtime import AgentService
 from agent.validate import check_policy
 from connectors.embedded_broker import embedded_broker
@@ -44,7 +44,7 @@ from sim.base import Environment
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import environment_names, make_environment
 
-log = structlog.get_logger("agent.demo")
+log = structlog.get_logger(__name__)
 
 DEFAULT_ENV = "dropwave"  # two actions: the agent visibly finds the peak within 30 rounds
 DEFAULT_ROUNDS = 30

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import structlog
 
 from agent.config import AgentConfig
-from agent.experiment import EventSink, Experiment, Verdict
+from agent.experiment import Experiment
+from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
     IncomingMessage,
@@ -38,7 +39,7 @@ from connectors.store import Store
 from connectors.topics import TopicError, Topics
 from core.spec import ExperimentSpec
 
-log = structlog.get_logger("agent.runtime")
+log = structlog.get_logger(__name__)
 
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
 COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
@@ -201,7 +202,7 @@ class AgentService:
         )
         letters = asyncio.create_task(self._publish_dead_letters(), name="dead-letters")
         drivers = [
-            asyncio.create_task(self._drive(exp), name=f"drive:{exp.name}")
+            asyncio.create_task(self._driver(exp), name=f"drive:{exp.name}")
             for exp in self.experiments.values()
         ]
         try:
@@ -266,6 +267,12 @@ class AgentService:
         return True
 
     # ------------------------------------------------------------------ experiment drivers
+    async def _driver(self, exp: Experiment) -> None:
+        """`_drive`, with the experiment bound for every event it logs: its own, the store's,
+        the MQTT client's and those of the policy's worker thread (which copies the context)."""
+        with structlog.contextvars.bound_contextvars(experiment=exp.name):
+            await self._drive(exp)
+
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
         inbox = self._inboxes[exp.name]
@@ -302,7 +309,7 @@ class AgentService:
         """
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._subscribed.wait(), SESSION_WAIT_S)
-        log.info("experiment.lingering", experiment=exp.name, missing=exp.missing_readings())
+        log.info("experiment.lingering", missing=exp.missing_readings())
         deadline = time.monotonic() + LINGER_CAP_S
         while time.monotonic() < deadline:
             batch = await self._next_batch(inbox, min(LINGER_S, deadline - time.monotonic()))

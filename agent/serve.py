@@ -27,7 +27,7 @@ from agent.experiment import Experiment
 from agent.runtime import AgentService
 from core.spec import ExperimentSpec, SpecError, load_spec
 
-log = structlog.get_logger("agent.serve")
+log = structlog.get_logger(__name__)
 
 
 async def _until_signalled(work: Coroutine[Any, Any, None]) -> None:
@@ -57,8 +57,9 @@ class ServedAgent(AgentService):
         self.keep_serving = config.keep_serving
         self.done: set[str] = set()
 
-    async def _drive(self, exp: Experiment) -> None:
-        await super()._drive(exp)  # returns once the experiment has finished
+    async def _driver(self, exp: Experiment) -> None:
+        # `_driver`, not `_drive`: "agent.finished" is the agent's event, not the experiment's
+        await super()._driver(exp)  # returns once the experiment has finished
         self.done.add(exp.name)
         if self.done == set(self.experiments):
             log.info(
@@ -75,9 +76,10 @@ class ServedAgent(AgentService):
         teach the model, anything else is rejected with a reason, and every message is
         acknowledged (unacknowledged ones would fill the broker's in-flight window)."""
         inbox = self._inboxes[exp.name]
-        while True:
-            batch = await self._next_batch(inbox, None)
-            await self._handle(exp, batch)
+        with structlog.contextvars.bound_contextvars(experiment=exp.name):
+            while True:
+                batch = await self._next_batch(inbox, None)
+                await self._handle(exp, batch)
 
 
 def load_specs(spec_paths: Sequence[str]) -> list[ExperimentSpec] | None:

@@ -8,9 +8,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import LogCapture
 
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.experiment import Experiment
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig, MqttConnection
 from connectors.schemas import Reading, encode
@@ -19,6 +22,7 @@ from connectors.topics import Topics
 from core.spec import load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
+from tests.test_agent_join import ack
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WAIT_S = 60.0
@@ -206,3 +210,27 @@ async def test_bad_input_is_rejected_and_the_agent_keeps_going(mosquitto, tmp_pa
             "unknown_node",
         ]
     )
+
+
+@pytest.mark.integration
+async def test_each_driver_binds_its_experiment_to_what_it_logs(mosquitto, tmp_path):
+    """What a driver logs without naming the experiment (lingering for late readings, here)
+    carries it all the same, through structlog's context variables; the agent's own events do
+    not."""
+    spec = fast_spec("linger", rounds=1)
+    with Store(tmp_path / "agent.sqlite") as store:  # finished, its round closed unread
+        exp = Experiment(spec, store)
+        live = exp.propose()
+        exp.mark_published(live.number)
+        exp.on_ack(ack(exp, live.number))
+        exp.due(live.acked_at + spec.schedule.round_timeout_s)
+        assert exp.missing_readings() == {0: ["X0", "X1", "Y"]}
+    captured = LogCapture()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, captured])
+    service = AgentService(agent_config(mosquitto.url, tmp_path / "agent.sqlite"), [spec])
+    await asyncio.wait_for(service.run(), WAIT_S)
+    events = {e["event"]: e for e in captured.entries}
+    assert events["experiment.lingering"]["experiment"] == "linger"
+    assert events["experiment.lingering"]["missing"] == {0: ["X0", "X1", "Y"]}
+    assert "experiment" not in events["agent.started"]
+    assert "experiment" not in events["agent.stopped"]
