@@ -2,7 +2,9 @@
 
 structlog renders JSON lines when stderr is not a terminal (a container, CI, a pipe) and readable,
 coloured key=value lines when it is. Modules only call `structlog.get_logger(__name__)` and bind
-experiment and round once (`log = log.bind(experiment=..., round=...)`).
+experiment and round once (`log = log.bind(experiment=..., round=...)`, as `LiveRound.log`); the
+runtime binds the experiment around each driver (`bound_contextvars`), merged into every event
+here.
 """
 
 from __future__ import annotations

@@ -268,8 +268,9 @@ class AgentService:
 
     # ------------------------------------------------------------------ experiment drivers
     async def _driver(self, exp: Experiment) -> None:
-        """`_drive`, with the experiment bound for every event it logs: its own, the store's,
-        the MQTT client's and those of the policy's worker thread (which copies the context)."""
+        """`_drive`, with the experiment bound to every event logged on its behalf: by the
+        runtime, the store, and the policy's worker thread (`asyncio.to_thread` copies the
+        context)."""
         with structlog.contextvars.bound_contextvars(experiment=exp.name):
             await self._drive(exp)
 
