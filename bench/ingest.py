@@ -34,9 +34,10 @@ import torch
 from rich.console import Console
 
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
-from agent.experiment import Experiment, RoundEvent
+from agent.experiment import Experiment
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
+from agent.rounds import RoundEvent
 from agent.runtime import AgentService
 from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from connectors.mosquitto import MosquittoBroker, MosquittoOptions
