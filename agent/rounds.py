@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Literal
 
 import structlog
 from structlog.typing import FilteringBoundLogger
 
 from connectors.schemas import Action
+from connectors.store import OPEN_STATUSES as STORE_OPEN_STATUSES
+from connectors.store import RoundStatus  # the project's one list of round statuses
 
 __all__ = [
     "OPEN_STATUSES",
@@ -32,17 +33,7 @@ __all__ = [
 Outcome = Literal["accepted", "duplicate", "late", "rejected"]
 
 
-class RoundStatus(StrEnum):
-    # The store keeps the same values; one project-wide enum is planned (issue 17 §6).
-    PROPOSED = "proposed"
-    PUBLISHED = "published"
-    ACKED = "acked"
-    CLOSED = "closed"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-
-
-OPEN_STATUSES = frozenset({RoundStatus.PROPOSED, RoundStatus.PUBLISHED, RoundStatus.ACKED})
+OPEN_STATUSES = frozenset(STORE_OPEN_STATUSES)
 
 
 @dataclass(frozen=True)
