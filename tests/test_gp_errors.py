@@ -103,7 +103,7 @@ def test_unknown_pending_handle_and_member(model):
 def test_a_collapsed_lengthscale_fit_is_floored_and_the_factor_stays_valid(monkeypatch):
     """A fit that sends one lengthscale to ~0 (seen: 2.5e-12 for GP-UCB on alpine2-noisy)
     would make the squared distances cancel into an indefinite Gram matrix: it is floored."""
-    import core.gp as gp_module
+    import core.gp.model as gp_module
     from core.hyperfit import FittedHyperparameters
 
     def collapsed(z, y, **_):

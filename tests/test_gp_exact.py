@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.blas
-import core.gp
+import core.gp.model
 import core.hyperfit
 from core.gp import GPConfig, IncrementalGP
 from tests.gp_reference import exact_posterior
@@ -399,7 +399,7 @@ def test_window_rebuilds_a_member_whose_removal_is_not_finite(monkeypatch):
     """A removal gone non-finite (forced here) leaves that member to a rebuild, the rest not."""
     model, shadow, gen = windowed_model(batch=3, dim=2, window=12, seed=4)
     learn_many(model, shadow, gen, 1.0, 20)
-    solve, forget = core.gp.solve_lower_in_buffer_, model._forget_oldest
+    solve, forget = core.gp.model.solve_lower_in_buffer_, model._forget_oldest
     poisoned = []  # the first solve of a removal, member 0's, returns NaN
 
     def poisoned_solve(buffer, n, rhs):
@@ -415,7 +415,7 @@ def test_window_rebuilds_a_member_whose_removal_is_not_finite(monkeypatch):
         finally:
             poisoned.clear()
 
-    monkeypatch.setattr(core.gp, "solve_lower_in_buffer_", poisoned_solve)
+    monkeypatch.setattr(core.gp.model, "solve_lower_in_buffer_", poisoned_solve)
     model._forget_oldest = poisoned_forget
     assert model.num_observations.tolist() == [12] * 3  # full: the next append forgets
     x = draw_point(gen, shadow)

@@ -1,0 +1,23 @@
+"""The incremental exact GP; see `core.gp.model` for the mathematics."""
+
+from core.gp.model import (
+    LENGTHSCALE_FLOOR,
+    MIN_NOISE,
+    REBUILD_BYTES,
+    GPConfig,
+    GPPosterior,
+    IncrementalGP,
+    LearnReport,
+    NumericalError,
+)
+
+__all__ = [
+    "LENGTHSCALE_FLOOR",
+    "MIN_NOISE",
+    "REBUILD_BYTES",
+    "GPConfig",
+    "GPPosterior",
+    "IncrementalGP",
+    "LearnReport",
+    "NumericalError",
+]
