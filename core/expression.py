@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from core.errors import ExpressionError
+
 _FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "exp": torch.exp,
     "log": torch.log,
@@ -37,10 +39,6 @@ _BINARY = {
 }
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 MAX_LENGTH = 2000
-
-
-class ExpressionError(ValueError):
-    """An expression that cannot be parsed or uses something outside the whitelist."""
 
 
 Compiled = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]

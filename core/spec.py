@@ -16,6 +16,7 @@ import networkx as nx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.errors import SpecError
 from core.hyperfit import PriorName
 from core.kernels import KernelName
 
@@ -379,15 +380,6 @@ class ExperimentSpec(_Strict):
                         f"candidates[{i}]: {action.name}={value} outside [{low}, {high}]"
                     )
         return problems[:20]
-
-
-class SpecError(ValueError):
-    """A spec file that cannot be read or does not validate; `problems` lists each issue."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(problems))
 
 
 def _describe(error: ValidationError) -> list[str]:

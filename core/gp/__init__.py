@@ -1,5 +1,6 @@
 """The incremental exact GP; see `core.gp.model` for the mathematics."""
 
+from core.errors import NumericalError
 from core.gp.model import (
     LENGTHSCALE_FLOOR,
     MIN_NOISE,
@@ -8,7 +9,6 @@ from core.gp.model import (
     GPPosterior,
     IncrementalGP,
     LearnReport,
-    NumericalError,
 )
 
 __all__ = [

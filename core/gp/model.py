@@ -39,6 +39,7 @@ from core.blas import (
     solve_lower_in_buffer_,
     solve_lower_rows_in_buffer_,
 )
+from core.errors import NumericalError
 from core.hyperfit import FittedHyperparameters, PriorName, fit_hyperparameters
 from core.kernels import KERNELS, KernelName, gram_matrix, kernel_matrix, kernel_row
 
@@ -51,10 +52,6 @@ _MAX_JITTER_TRIES = 8
 LENGTHSCALE_FLOOR = 1e-3
 REBUILD_BYTES = 512 * 2**20  # kernel matrices held at once while refactorizing
 _FORGET_BLOCK = 2**17  # elements of the factor a window removal works on at once (1 MiB)
-
-
-class NumericalError(RuntimeError):
-    """The kernel matrix stayed indefinite even after adding jitter."""
 
 
 @dataclass
