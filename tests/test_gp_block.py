@@ -111,7 +111,8 @@ def test_block_equals_sequential_appends(data):
             )
             assert ours.surprise.shape == (batch,)
             assert torch.isnan(ours.surprise[~mask.any(1)]).all()
-            assert model._real == twin._real and model._rows == twin._rows
+            ours, theirs = model._buffers, twin._buffers
+            assert ours.real == theirs.real and ours.rows == theirs.rows
     assert torch.equal(model.y_mean, twin.y_mean) and torch.equal(model.y_scale, twin.y_scale)
     xq = torch.stack([draw_point(gen, shadow) for _ in range(5)], dim=1)
     assert_same_posterior(model, twin, xq)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from core.gp import GPConfig, IncrementalGP
+from core.gp.checks import check_observations
 
 
 @pytest.fixture
@@ -74,14 +75,15 @@ def test_nan_and_inf_are_rejected_where_they_matter(model):
     assert model.num_observations.tolist() == [1, 0, 1]
 
 
-def test_finite_values_whose_sum_overflows_are_accepted(model):
+def test_finite_values_whose_sum_overflows_are_accepted():
     """The finiteness check sums the values first; an overflow of finite ones is no error."""
     zeros, huge = torch.zeros(3, dtype=torch.float64), torch.full((3,), 1e308, dtype=torch.float64)
-    model._check_observations(zeros[:, None].expand(3, 2), huge, (3,), None)
-    model._check_observations(huge[:, None].expand(3, 2), zeros, (3,), None)
+    cpu = torch.device("cpu")
+    check_observations(zeros[:, None].expand(3, 2), huge, (3,), None, 2, cpu)
+    check_observations(huge[:, None].expand(3, 2), zeros, (3,), None, 2, cpu)
     huge[2] = math.inf
     with pytest.raises(ValueError, match=r"y holds NaN or infinity at index \[2\]"):
-        model._check_observations(zeros[:, None].expand(3, 2), huge, (3,), None)
+        check_observations(zeros[:, None].expand(3, 2), huge, (3,), None, 2, cpu)
 
 
 def test_bad_hyperparameters(model):

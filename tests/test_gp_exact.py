@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.blas
-import core.gp.model
+import core.gp.rebuild
+import core.gp.window
 import core.hyperfit
 from core.gp import GPConfig, IncrementalGP
 from tests.gp_reference import exact_posterior
@@ -337,22 +338,23 @@ def test_window_forgets_oldest_rows():
 
 
 class RebuildCounter:
-    """Counts the O(n³) refactorizations (and the O(n²) window removals) of a model."""
+    """Counts the O(n³) refactorizations (and the O(n²) window removals) of every model."""
 
-    def __init__(self, model: IncrementalGP) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rebuilt: list[list[int]] = []
         self.forgot: list[list[int]] = []
-        rebuild, forget = model._rebuild_chunk, model._forget_oldest
+        rebuild, forget = core.gp.rebuild.refactorize_chunk, core.gp.window.forget_oldest
 
-        def counted_rebuild(members):
+        def counted_rebuild(buffers, members, *hyperparameters):
             self.rebuilt.append(list(members))
-            return rebuild(members)
+            return rebuild(buffers, members, *hyperparameters)
 
-        def counted_forget(members):
+        def counted_forget(buffers, members, *standardization):
             self.forgot.append(list(members))
-            return forget(members)
+            return forget(buffers, members, *standardization)
 
-        model._rebuild_chunk, model._forget_oldest = counted_rebuild, counted_forget
+        monkeypatch.setattr(core.gp.rebuild, "refactorize_chunk", counted_rebuild)
+        monkeypatch.setattr(core.gp.window, "forget_oldest", counted_forget)
 
 
 def windowed_model(batch: int, dim: int, window: int, seed: int):
@@ -369,7 +371,7 @@ def windowed_model(batch: int, dim: int, window: int, seed: int):
     return model, Shadow(bounds[..., 0], bounds[..., 1], window=window), gen
 
 
-def test_window_forgets_in_steady_state_without_any_rebuild():
+def test_window_forgets_in_steady_state_without_any_rebuild(monkeypatch):
     """Once the window is full every append removes the oldest row in O(n²): no refactorization
     happens, members with different row counts and a pending point included, and the posterior
     stays exact on the retained data."""
@@ -379,7 +381,7 @@ def test_window_forgets_in_steady_state_without_any_rebuild():
     assert model.num_observations.tolist() == [window] * batch
     pending = draw_point(gen, shadow)  # held through every append below
     shadow.pending[model.add_pending(pending)] = (pending, torch.ones(batch, dtype=torch.bool))
-    counter = RebuildCounter(model)
+    counter = RebuildCounter(monkeypatch)
     forgotten = 0
     for _ in range(300):
         mask = torch.rand(batch, generator=gen) < 0.8
@@ -399,7 +401,7 @@ def test_window_rebuilds_a_member_whose_removal_is_not_finite(monkeypatch):
     """A removal gone non-finite (forced here) leaves that member to a rebuild, the rest not."""
     model, shadow, gen = windowed_model(batch=3, dim=2, window=12, seed=4)
     learn_many(model, shadow, gen, 1.0, 20)
-    solve, forget = core.gp.model.solve_lower_in_buffer_, model._forget_oldest
+    solve, forget = core.gp.window.solve_lower_in_buffer_, core.gp.window.forget_oldest
     poisoned = []  # the first solve of a removal, member 0's, returns NaN
 
     def poisoned_solve(buffer, n, rhs):
@@ -408,15 +410,15 @@ def test_window_rebuilds_a_member_whose_removal_is_not_finite(monkeypatch):
             rhs.fill_(math.nan)
             poisoned.append(True)
 
-    def poisoned_forget(members):
+    def poisoned_forget(buffers, members, *standardization):
         poisoned[:] = [True]
         try:
-            return forget(members)
+            return forget(buffers, members, *standardization)
         finally:
             poisoned.clear()
 
-    monkeypatch.setattr(core.gp.model, "solve_lower_in_buffer_", poisoned_solve)
-    model._forget_oldest = poisoned_forget
+    monkeypatch.setattr(core.gp.window, "solve_lower_in_buffer_", poisoned_solve)
+    monkeypatch.setattr(core.gp.window, "forget_oldest", poisoned_forget)
     assert model.num_observations.tolist() == [12] * 3  # full: the next append forgets
     x = draw_point(gen, shadow)
     y = draw_output(gen, x, 1.0)
@@ -424,7 +426,7 @@ def test_window_rebuilds_a_member_whose_removal_is_not_finite(monkeypatch):
     shadow.observe(x, y, torch.ones(3, dtype=torch.bool))
     assert report.forgotten == 3
     assert report.rebuilt == [0]  # member 0 rebuilt, members 1 and 2 updated in O(n²)
-    assert torch.isfinite(model._factor).all()
+    assert torch.isfinite(model._buffers.factor).all()
     assert_matches(model, shadow, torch.stack([draw_point(gen, shadow) for _ in range(5)], 1))
 
 
