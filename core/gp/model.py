@@ -642,16 +642,3 @@ class IncrementalGP:
             self.config.kernel,
         )
         return in_output_units(post, self.y_mean[idx], self.y_scale[idx], single)
-
-    def sample(
-        self,
-        x: torch.Tensor,
-        num_samples: int,
-        *,
-        members: Sequence[int] | None = None,
-        generator: torch.Generator | None = None,
-        base_samples: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(s, b', q) joint posterior samples at (b', q, d) queries; see `GPPosterior.rsample`."""
-        post = self.posterior(x, members=members, full_covariance=True)
-        return post.rsample(num_samples, base_samples, generator=generator)
