@@ -32,7 +32,7 @@ def propose(exp: Experiment) -> LiveRound | None:
     """Choose the next intervention, reserve its cost and record it; None when finished."""
     started = time.perf_counter()
     number = exp.next_round
-    policy = exp.explorer if number < exp.spec.initial_design.rounds else exp.policy
+    policy = exp.explorer if number < exp.spec.design_rounds else exp.policy
     constraints = Constraints.from_spec(exp.spec, spent=exp.budget_spent())
     try:
         proposal, chosen_by = _ask(exp, policy, constraints)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.errors import SpecError
 from core.hyperfit import PriorName
 from core.kernels import KernelName
+from core.plain_errors import plain_problems, unknown_name
 
 SPEC_SCHEMA = "cbo-agent/experiment"
 SPEC_VERSION = 1
@@ -39,19 +40,34 @@ def _check_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
 
 
 class NodeSpec(_Strict):
-    """A scalar variable of the causal graph, observed every round.
+    """A scalar variable of the causal graph, observed every round."""
 
-    `bounds` is the node's typical value range; it scales the node's value where it is an input
-    of its children's models (values may fall outside). `valid_range`, if given, is what the
-    sensor can physically report: readings outside it are rejected as faulty. `noise_std` is the
-    known standard deviation of its observation noise; omit it to have the model learn it.
-    """
-
-    name: str = Field(pattern=_NAME_PATTERN)
-    parents: list[str] = []
-    bounds: tuple[float, float]
-    valid_range: tuple[float, float] | None = None
-    noise_std: float | None = Field(default=None, ge=0)
+    name: str = Field(
+        pattern=_NAME_PATTERN,
+        description="The node's name, as readings and other nodes' `parents` name it: 1 to 64 "
+        "letters, digits, `_`, `.` or `-`, starting with a letter or `_`.",
+    )
+    parents: list[str] = Field(
+        default=[],
+        description="Names of the nodes whose values are inputs of this node's model (its "
+        "parents in the causal graph). Empty for a root node.",
+    )
+    bounds: tuple[float, float] = Field(
+        description="The node's typical range `[low, high]`; it scales the node's value where "
+        "it is an input of its children's models. Readings may fall outside it.",
+    )
+    valid_range: tuple[float, float] | None = Field(
+        default=None,
+        description="What the sensor can physically report, `[low, high]`: readings outside it "
+        "are rejected as faulty (`out_of_range`). Without it, only readings more than 10⁶ widths "
+        "of `bounds` away are rejected.",
+    )
+    noise_std: float | None = Field(
+        default=None,
+        ge=0,
+        description="The known standard deviation of the node's observation noise; leave it out "
+        "to have the model learn it.",
+    )
 
     _bounds = field_validator("bounds")(_check_bounds)
     _valid_range = field_validator("valid_range")(
@@ -60,18 +76,32 @@ class NodeSpec(_Strict):
 
 
 class ActionSpec(_Strict):
-    """A knob the agent can turn.
+    """A knob the agent can turn. Using it in a round costs `cost` + `cost_per_unit` · |value|."""
 
-    Soft interventions: the action is an extra input of each node in `targets` (0 = none).
-    Hard interventions: the action sets its single target node, do(X = value).
-    Cost of using it in a round: `cost` + `cost_per_unit` · |value|.
-    """
-
-    name: str = Field(pattern=_NAME_PATTERN)
-    targets: list[str] = Field(min_length=1)
-    bounds: tuple[float, float]
-    cost: float = Field(default=1.0, ge=0)
-    cost_per_unit: float = Field(default=0.0, ge=0)
+    name: str = Field(
+        pattern=_NAME_PATTERN,
+        description="The action's name: the key of `intervention` in the actions the agent "
+        "publishes (see docs/protocol.md).",
+    )
+    targets: list[str] = Field(
+        min_length=1,
+        description="The nodes it acts on. Soft interventions: the action's value is an extra "
+        "input of each of these nodes' models (0: not used). Hard interventions: exactly one "
+        "node, which the action sets, do(node = value).",
+    )
+    bounds: tuple[float, float] = Field(
+        description="The values the action may take, `[low, high]`. An action whose bounds "
+        "exclude 0 cannot be switched off in a soft experiment: it is used every round.",
+    )
+    cost: float = Field(
+        default=1.0,
+        ge=0,
+        description="Fixed cost of using the action in a round (soft: a nonzero value; hard: "
+        "being in the chosen target set).",
+    )
+    cost_per_unit: float = Field(
+        default=0.0, ge=0, description="Cost per unit of |value| on top of `cost`."
+    )
 
     _bounds = field_validator("bounds")(_check_bounds)
 
@@ -89,12 +119,32 @@ class RewardSpec(_Strict):
                    ranges (needed by D-GP-UCB's nonlinear variance bound).
     """
 
-    node: str
-    components: list[str] = []
-    aggregation: Literal["linear", "expression"] | None = None
-    weights: list[float | str] | None = None
-    expression: str | None = None
-    derivative_bounds: list[float] | None = None
+    node: str = Field(description="The node whose value is the reward.")
+    components: list[str] = Field(
+        default=[],
+        description="Decomposed reward only: the nodes the reward is computed from (exactly the "
+        "parents of `node`). Empty: the reward is the node's own reading.",
+    )
+    aggregation: Literal["linear", "expression"] | None = Field(
+        default=None,
+        description="Decomposed reward only: how g combines the components, `linear` "
+        "(`weights`) or `expression`.",
+    )
+    weights: list[float | str] | None = Field(
+        default=None,
+        description="`linear` only: one weight per component, a number or an arithmetic "
+        "expression in the action names.",
+    )
+    expression: str | None = Field(
+        default=None,
+        description="`expression` only: g as arithmetic in the component names (+ - * / **, "
+        "exp, log, sqrt, ...).",
+    )
+    derivative_bounds: list[float] | None = Field(
+        default=None,
+        description="Optional, one per component: B_j ≥ |∂g/∂f_j| over the components' ranges, "
+        "for D-GP-UCB's variance bound with a nonlinear g.",
+    )
 
     @property
     def decomposed(self) -> bool:
@@ -102,79 +152,187 @@ class RewardSpec(_Strict):
 
 
 class ConstraintSpec(_Strict):
-    """Limits every proposal respects.
+    """Limits every proposal respects."""
 
-    max_interventions: at most this many actions used in one round (cardinality).
-    budget_per_round / budget_total: caps on the cost of one round and of the whole experiment.
-    """
-
-    max_interventions: int | None = Field(default=None, ge=1)
-    budget_per_round: float | None = Field(default=None, gt=0)
-    budget_total: float | None = Field(default=None, gt=0)
+    max_interventions: int | None = Field(
+        default=None,
+        ge=1,
+        description="At most this many actions used in one round (soft: nonzero values; hard: "
+        "the size of the target set). None: no limit.",
+    )
+    budget_per_round: float | None = Field(
+        default=None, gt=0, description="Cap on the cost of one round. None: no cap."
+    )
+    budget_total: float | None = Field(
+        default=None,
+        gt=0,
+        description="Cap on the cost of the whole experiment; it ends when nothing affordable "
+        "is left. Never overspent, also across restarts. None: no cap.",
+    )
 
 
 class ModelSpec(_Strict):
-    """Settings of every node's GP (see `core.gp.GPConfig`)."""
+    """Settings of every node's Gaussian process (see `core.gp.GPConfig`)."""
 
-    kernel: KernelName = "matern52"
-    priors: PriorName = "gamma"
-    refit_every: int | None = Field(default=5, ge=1)
-    misfit_z: float | None = Field(default=4.0, gt=0)
-    window: int | None = Field(default=None, ge=2)
+    kernel: KernelName = Field(
+        default="matern52", description="Covariance function: `matern52` or `rbf`."
+    )
+    priors: PriorName = Field(
+        default="gamma",
+        description="Hyperparameter priors: `gamma` (BoTorch's classic Gamma priors) or "
+        "`dim_scaled` (BoTorch's dimension-scaled log-normal lengthscale prior).",
+    )
+    refit_every: int | None = Field(
+        default=5,
+        ge=1,
+        description="Refit a node's hyperparameters after this many new observations. None: "
+        "only on a misfit.",
+    )
+    misfit_z: float | None = Field(
+        default=4.0,
+        gt=0,
+        description="Also refit a node when a reading lies more than this many predictive "
+        "standard deviations from its prediction. None: never.",
+    )
+    window: int | None = Field(
+        default=None,
+        ge=2,
+        description="Keep at most this many observations per node, forgetting the oldest. None: "
+        "keep all.",
+    )
 
 
 class PolicySpec(_Strict):
-    """Which decision rule proposes interventions, and its settings (checked by the policy)."""
+    """Which decision rule proposes interventions, and its settings."""
 
-    name: str = "mcbo"
-    settings: dict[str, Any] = {}
+    name: str = Field(
+        default="mcbo",
+        description="The policy: `mcbo`, `eifn`, `gpucb`, `dgpucb` (a decomposed reward only) "
+        "or `random` (`cbo-agent bench regret --list` lists them).",
+    )
+    settings: dict[str, Any] = Field(
+        default={},
+        description="The policy's settings (e.g. `beta`, `max_seconds`), checked by the policy: "
+        "an unknown setting is an error.",
+    )
+
+
+def default_design_rounds(actions: int, max_rounds: int | None) -> int:
+    """Random rounds before the policy when the spec does not say: 2·(actions + 1), a common
+    rule for Bayesian optimization's initial design, but at most a third of `max_rounds`."""
+    rounds = 2 * (actions + 1)
+    if max_rounds is not None:
+        rounds = min(rounds, max(max_rounds // 3, 1))
+    return rounds
 
 
 class InitialDesignSpec(_Strict):
-    """Random admissible interventions run before the policy takes over."""
+    """Random admissible interventions run before the policy takes over.
 
-    rounds: int = Field(default=0, ge=0)
-    seed: int = 0
+    A model with no data cannot tell one intervention from another, so the first rounds explore
+    at random; the policy decides from then on.
+    """
+
+    rounds: int | None = Field(
+        default=None,
+        ge=0,
+        description="How many rounds are drawn at random before the policy decides. Left out: "
+        "2 × (number of actions + 1), at most a third of `schedule.max_rounds`. 0: the policy "
+        "decides from the first round.",
+    )
+    seed: int = Field(
+        default=0,
+        description="Seeds the experiment's random numbers: the design's draws and the policy's "
+        "random starts.",
+    )
 
 
 class ScheduleSpec(_Strict):
-    """How the agent paces an experiment on a live system.
+    """How the agent paces an experiment on a live system."""
 
-    max_rounds: stop proposing after this many rounds (None: run until the budget is spent).
-    pipeline: rounds in flight at once; pending actions enter the model as pending points.
-    ack_timeout_s / ack_retries: re-publish an unacknowledged action (same id) this many times,
-        then expire its round and release its budget.
-    round_timeout_s: after the ack, close the round with whatever readings arrived by then
-        (readings arriving later still teach the model).
-    min_interval_s: at least this long between two actions (an actuator rate limit).
-    """
-
-    max_rounds: int | None = Field(default=None, ge=1)
-    pipeline: int = Field(default=1, ge=1, le=64)
-    ack_timeout_s: float = Field(default=10.0, gt=0)
-    ack_retries: int = Field(default=3, ge=0)
-    round_timeout_s: float = Field(default=30.0, gt=0)
-    min_interval_s: float = Field(default=0.0, ge=0)
+    max_rounds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop proposing after this many rounds; the service exits once they are "
+        "closed (see `--keep-serving`). None: run until the budget is spent, or forever.",
+    )
+    pipeline: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Rounds in flight at once; the actions of rounds still waiting for readings "
+        "enter the model as pending points.",
+    )
+    ack_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds to wait for an actuator's ack before publishing the action again "
+        "(same id).",
+    )
+    ack_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Re-publications of an unacknowledged action; after them its round expires "
+        "(at `expires_at`) and its budget is released.",
+    )
+    round_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds after the ack to wait for the round's readings; then the round "
+        "closes with what arrived (later readings still teach the model).",
+    )
+    min_interval_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="At least this many seconds between two actions (an actuator rate limit).",
+    )
 
 
 class ExperimentSpec(_Strict):
-    """One experiment: graph, actions, reward, constraints, model and policy."""
+    """One experiment: graph, actions, reward, constraints, model, policy and schedule."""
 
-    schema_: Literal["cbo-agent/experiment"] = Field(default=SPEC_SCHEMA, alias="schema")
-    version: Literal[1] = SPEC_VERSION
-    name: str = Field(pattern=_NAME_PATTERN)
-    description: str = ""
-    intervention: Literal["soft", "hard"]
-    nodes: list[NodeSpec] = Field(min_length=1)
-    actions: list[ActionSpec] = Field(min_length=1)
-    target_sets: list[list[str]] | None = None
-    candidates: list[list[float]] | None = None
-    reward: RewardSpec
-    constraints: ConstraintSpec = ConstraintSpec()
-    model: ModelSpec = ModelSpec()
-    policy: PolicySpec = PolicySpec()
-    initial_design: InitialDesignSpec = InitialDesignSpec()
-    schedule: ScheduleSpec = ScheduleSpec()
+    schema_: Literal["cbo-agent/experiment"] = Field(
+        default=SPEC_SCHEMA,
+        alias="schema",
+        description="The file format, `cbo-agent/experiment`.",
+    )
+    version: Literal[1] = Field(default=SPEC_VERSION, description="The file format's version, 1.")
+    name: str = Field(
+        pattern=_NAME_PATTERN,
+        description="The experiment's id: its MQTT topics are `{prefix}/{name}/...` and its rows "
+        "in the store carry it.",
+    )
+    description: str = Field(default="", description="Free text for people.")
+    intervention: Literal["soft", "hard"] = Field(
+        description="`soft`: actions are extra inputs of their target nodes, whose mechanisms "
+        "still act; `hard`: an action sets its node, do(X = x)."
+    )
+    nodes: list[NodeSpec] = Field(
+        min_length=1, description="The causal graph's nodes, each with its parents."
+    )
+    actions: list[ActionSpec] = Field(min_length=1, description="What the agent can set.")
+    target_sets: list[list[str]] | None = Field(
+        default=None,
+        description="Hard interventions only: the sets of actions allowed together in a round "
+        "(`[]` allows an observational round).",
+    )
+    candidates: list[list[float]] | None = Field(
+        default=None,
+        description="Soft interventions only: a finite list of action vectors (one value per "
+        "action, in `actions`' order) to choose from instead of the whole box.",
+    )
+    reward: RewardSpec = Field(description="What to maximize.")
+    constraints: ConstraintSpec = Field(
+        default=ConstraintSpec(), description="Cardinality and budget limits."
+    )
+    model: ModelSpec = Field(default=ModelSpec(), description="The nodes' Gaussian processes.")
+    policy: PolicySpec = Field(default=PolicySpec(), description="The decision rule.")
+    initial_design: InitialDesignSpec = Field(
+        default=InitialDesignSpec(), description="Random rounds before the policy decides."
+    )
+    schedule: ScheduleSpec = Field(
+        default=ScheduleSpec(), description="Round limit, pipelining, timeouts, rate limit."
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -187,7 +345,9 @@ class ExperimentSpec(_Strict):
             *self._candidate_problems(),
         ]
         if self.reward.node not in self.node_names:
-            problems.append(f"reward.node: unknown node {self.reward.node!r}")
+            problems.append(
+                f"reward.node: {unknown_name('node', self.reward.node, self.node_names)}"
+            )
         else:
             problems += self._reward_problems()
         if problems:
@@ -221,6 +381,13 @@ class ExperimentSpec(_Strict):
         rank = {name: i for i, name in enumerate(self.node_names)}
         return list(nx.lexicographical_topological_sort(self.graph(), key=rank.__getitem__))
 
+    @property
+    def design_rounds(self) -> int:
+        """Rounds of the random initial design: `initial_design.rounds`, else the default."""
+        if self.initial_design.rounds is not None:
+            return self.initial_design.rounds
+        return default_design_rounds(len(self.actions), self.schedule.max_rounds)
+
     def allowed_target_sets(self) -> list[tuple[str, ...]]:
         """Hard: the declared target sets. Soft: every action together (values may be 0)."""
         if self.intervention == "hard":
@@ -236,7 +403,7 @@ class ExperimentSpec(_Strict):
         for i, node in enumerate(self.nodes):
             for parent in node.parents:
                 if parent not in names:
-                    problems.append(f"nodes[{i}].parents: unknown node {parent!r}")
+                    problems.append(f"nodes[{i}].parents: {unknown_name('node', parent, names)}")
                 elif parent == node.name:
                     problems.append(f"nodes[{i}].parents: {node.name!r} cannot be its own parent")
         if not problems:
@@ -257,7 +424,9 @@ class ExperimentSpec(_Strict):
         for i, action in enumerate(self.actions):
             for target in action.targets:
                 if target not in self.node_names:
-                    problems.append(f"actions[{i}].targets: unknown node {target!r}")
+                    problems.append(
+                        f"actions[{i}].targets: {unknown_name('node', target, self.node_names)}"
+                    )
             if self.intervention == "hard":
                 if len(action.targets) != 1:
                     problems.append(f"actions[{i}].targets: a hard action sets exactly one node")
@@ -353,7 +522,9 @@ class ExperimentSpec(_Strict):
         for i, targets in enumerate(self.target_sets):
             for name in targets:
                 if name not in self.action_names:
-                    problems.append(f"target_sets[{i}]: unknown action {name!r}")
+                    problems.append(
+                        f"target_sets[{i}]: {unknown_name('action', name, self.action_names)}"
+                    )
             if len(set(targets)) != len(targets):
                 problems.append(f"target_sets[{i}]: an action appears twice")
         return problems
@@ -382,15 +553,6 @@ class ExperimentSpec(_Strict):
         return problems[:20]
 
 
-def _describe(error: ValidationError) -> list[str]:
-    problems = []
-    for item in error.errors():
-        loc = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        problems.extend(f"{loc.lstrip('.')}: {m}" if loc else m for m in message.split("; "))
-    return problems
-
-
 def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
     """Validate a mapping (already parsed YAML/JSON) into an ExperimentSpec.
 
@@ -402,7 +564,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as error:
-        raise SpecError(source, _describe(error)) from None
+        raise SpecError(source, plain_problems(error, ExperimentSpec)) from None
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.network import NetworkModel
+from core.plain_errors import plain_problems
 from core.spec import ExperimentSpec
 
 
@@ -106,10 +107,7 @@ class Policy(ABC):
         try:
             self.settings = self.Settings.model_validate(dict(settings or {}))
         except ValidationError as error:
-            problems = "; ".join(
-                f"policy.settings.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                for e in error.errors()
-            )
+            problems = "; ".join(plain_problems(error, self.Settings, prefix="policy.settings"))
             raise ValueError(f"{self.name}: {problems}") from None
 
     @abstractmethod

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 import policies
+from core.plain_errors import unknown_name
 from core.spec import ExperimentSpec
 from policies.base import Policy
 
@@ -49,5 +50,5 @@ def make_policy(
     """Instantiate the policy called `name` with validated settings."""
     classes = policy_classes()
     if name not in classes:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(classes) or 'none'}")
+        raise KeyError(unknown_name("policy", name, list(classes)))
     return classes[name](spec, settings)

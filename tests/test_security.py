@@ -379,7 +379,7 @@ def test_a_failing_policy_falls_back_to_the_explorer(failure: Exception | None) 
     with Store(":memory:") as store:
         exp = Experiment(spec, store)
         exp.policy = Broken(failure)
-        for _ in range(spec.initial_design.rounds):
+        for _ in range(spec.design_rounds):
             exp.propose()  # the initial design is the explorer's anyway
         with capture_logs() as events:
             live = exp.propose()

@@ -70,6 +70,7 @@ def _chain_spec() -> dict:
 def test_a_minimal_spec_gets_defaults():
     spec = parse_spec(_chain_spec())
     assert spec.policy.name == "mcbo" and spec.model.kernel == "matern52"
+    assert spec.design_rounds == 2 * (1 + 1)  # a random start scaled to the number of actions
     assert spec.topological_order() == ["A", "B"]
     assert spec.allowed_target_sets() == [("u",)]
 
@@ -87,7 +88,29 @@ def test_a_minimal_spec_gets_defaults():
         (lambda s: s.update(target_sets=[["u"]]), "target_sets: only hard interventions"),
         (lambda s: s.update(candidates=[[0.5, 0.5]]), "candidates[0]: expected 1 values"),
         (lambda s: s.update(candidates=[[7.0]]), "candidates[0]: u=7.0 outside"),
-        (lambda s: s.update(colour="red"), "colour: Extra inputs are not permitted"),
+        (lambda s: s.update(colour="red"), "colour: unknown key (known: schema, version, name"),
+        (
+            lambda s: s.update(schedule={"max_round": 3}),
+            "schedule.max_round: unknown key (did you mean 'max_rounds'?)",
+        ),
+        (
+            lambda s: s["nodes"][1].update(parnts=["A"]),
+            "nodes[1].parnts: unknown key (did you mean 'parents'?)",
+        ),
+        (
+            lambda s: s.update(intervention="sofft"),
+            "intervention: 'sofft' is not one of 'soft', 'hard' (did you mean 'soft'?)",
+        ),
+        (
+            lambda s: s["reward"].update(node="b"),
+            "reward.node: unknown node 'b' (known: A, B)",
+        ),
+        (
+            lambda s: s.update(schedule={"pipeline": 0}),
+            "schedule.pipeline: must be at least 1, got 0",
+        ),
+        (lambda s: s.update(actions=[]), "actions: needs at least 1 item, got 0"),
+        (lambda s: s.pop("reward"), "reward: required, but missing"),
         (
             lambda s: (
                 s["model"].update(kernel="cosine")
@@ -105,6 +128,19 @@ def test_errors_name_the_offending_field(mutate, expected):
     with pytest.raises(SpecError) as raised:
         parse_spec(data, "test.yaml")
     assert any(expected in problem for problem in raised.value.problems), raised.value.problems
+
+
+@pytest.mark.parametrize(
+    ("design", "max_rounds", "expected"),
+    [({}, None, 4), ({}, 9, 3), ({}, 2, 1), ({"rounds": 0}, None, 0), ({"rounds": 7}, 3, 7)],
+)
+def test_the_initial_design_defaults_to_a_few_rounds_scaled_to_the_actions(
+    design, max_rounds, expected
+):
+    spec = parse_spec(
+        {**_chain_spec(), "initial_design": design, "schedule": {"max_rounds": max_rounds}}
+    )
+    assert spec.design_rounds == expected
 
 
 @settings(max_examples=60, deadline=None)
