@@ -8,10 +8,11 @@ Environment variables (all optional):
 | variable | setting |
 |---|---|
 | CBO_AGENT_ID | agent_id |
-| CBO_BROKER_URL | broker.url (mqtt://user:pass@host:1883, mqtts://... for TLS) |
+| CBO_BROKER_URL | broker.url (mqtt://user:pass@host:1883, mqtts://... for TLS, HOST:PORT) |
 | CBO_BROKER_USERNAME / CBO_BROKER_PASSWORD | broker credentials |
 | CBO_BROKER_CA_FILE | broker.ca_file (CA bundle for TLS) |
 | CBO_BROKER_PROTOCOL | broker.protocol (auto, 5, 3.1.1) |
+| CBO_BROKER_CONNECT_TIMEOUT_S | broker.connect_timeout_s (give up without a broker after this) |
 | CBO_TOPIC_PREFIX | topic_prefix |
 | CBO_METRICS_HOST / CBO_METRICS_PORT | metrics.host / metrics.port |
 | CBO_STORE_PATH | store.path |
@@ -25,15 +26,149 @@ checks that it stays complete).
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from connectors.mqtt import BrokerConfig
+from core.plain_errors import plain_problems
+
+
+class ConfigError(ValueError):
+    """The configuration file, an environment variable or a flag is invalid."""
+
+
+# ---------------------------------------------------------------------- broker addresses
+BROKER_FORMS = "mqtt://HOST[:PORT], mqtts://HOST[:PORT] (TLS), tcp://HOST[:PORT] or HOST:PORT"
+_SCHEMES = {"mqtt": (False, 1883), "tcp": (False, 1883), "mqtts": (True, 8883)}
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where a broker listens, as one of the forms every command accepts (`BROKER_FORMS`).
+
+    Attributes:
+        host: a host name, an IPv4 address or an IPv6 address (without brackets).
+        port: 1 to 65535.
+        tls: mqtts:// (TLS); the others are plain TCP.
+        username, password: from `user:password@` in a URL, percent-decoded.
+    """
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The canonical URL without credentials (for logs and messages)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'mqtts' if self.tls else 'mqtt'}://{host}:{self.port}"
+
+    @property
+    def url_with_credentials(self) -> str:
+        """The canonical URL with `user:password@` (percent-encoded) when there are any."""
+        if self.username is None:
+            return self.url
+        userinfo = quote(self.username, safe="")
+        if self.password is not None:
+            userinfo += ":" + quote(self.password, safe="")
+        scheme, rest = self.url.split("://", 1)
+        return f"{scheme}://{userinfo}@{rest}"
+
+    def broker_config(self, **overrides: Any) -> BrokerConfig:
+        """A `BrokerConfig` for this address; `overrides` set the other fields (or credentials)."""
+        fields: dict[str, Any] = {"host": self.host, "port": self.port, "tls": self.tls}
+        if self.username is not None:
+            fields["username"] = self.username
+        if self.password is not None:
+            fields["password"] = self.password
+        return BrokerConfig(**(fields | overrides))
+
+
+def parse_broker_address(text: str) -> BrokerAddress:
+    """Read a broker address in any of `BROKER_FORMS` (the one parser of every command).
+
+    `mqtt://` and `tcp://` default to port 1883, `mqtts://` to 8883; `HOST:PORT` is plain MQTT
+    (a bare HOST means port 1883). A URL may carry `user:password@` (percent-encoded).
+
+    Raises:
+        ConfigError: one line, `'TEXT': what is wrong`, for the caller to prefix with where the
+            address came from (`--broker`, `broker.url`).
+    """
+    given = text.strip()
+    if not given:
+        raise ConfigError(f"no broker address given (accepted: {BROKER_FORMS})")
+    scheme, sep, rest = given.partition("://")
+    if not sep:
+        scheme, rest = "", given
+    elif scheme.lower() not in _SCHEMES:
+        raise ConfigError(
+            f"{text!r}: {scheme}:// is not a broker protocol (accepted: {BROKER_FORMS})"
+        )
+    tls, default_port = _SCHEMES.get(scheme.lower(), (False, 1883))
+    rest = rest.removesuffix("/")
+    if any(mark in rest for mark in "/?#"):
+        raise ConfigError(f"{text!r}: no path, query or fragment expected")
+    userinfo, at, hostport = rest.rpartition("@")
+    if at and not sep:
+        raise ConfigError(f"{text!r}: credentials need a URL (mqtt://USER:PASSWORD@HOST)")
+    host, port = _split_host_port(text, hostport, default_port)
+    username = password = None
+    if at:
+        name, colon, secret = userinfo.partition(":")
+        username = unquote(name)
+        password = unquote(secret) if colon else None
+    return BrokerAddress(host, port, tls, username, password)
+
+
+def _split_host_port(text: str, hostport: str, default_port: int) -> tuple[str, int]:
+    if hostport.startswith("["):  # [IPv6]:port
+        host, bracket, tail = hostport[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise ConfigError(f"{text!r}: an IPv6 address goes in brackets, [::1]:1883")
+        port_text = tail[1:] if tail else None
+        _check_ip(text, host, version=6)
+    else:
+        host, colon, port_text = hostport.rpartition(":")
+        if not colon:
+            host, port_text = hostport, None
+        if ":" in host:
+            raise ConfigError(f"{text!r}: an IPv6 address goes in brackets, [::1]:1883")
+        if not _HOST_NAME.match(host):
+            raise ConfigError(f"{text!r}: {host!r} is not a host name or address")
+    if port_text is None:
+        return host, default_port
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(f"{text!r}: port {port_text!r} is not a number from 1 to 65535")
+    return host, int(port_text)
+
+
+def _check_ip(text: str, host: str, version: int) -> None:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{text!r}: {host!r} is not an IPv{version} address") from None
+    if address.version != version:
+        raise ConfigError(f"{text!r}: {host!r} is not an IPv{version} address")
 
 
 class _Section(BaseModel):
@@ -41,7 +176,10 @@ class _Section(BaseModel):
 
 
 class BrokerSection(_Section):
-    url: str = "mqtt://127.0.0.1:1883"
+    url: str = Field(
+        default="mqtt://127.0.0.1:1883",
+        description=f"where the broker listens: {BROKER_FORMS}",
+    )
     username: str | None = None
     password: SecretStr | None = None
     ca_file: str | None = None
@@ -54,6 +192,23 @@ class BrokerSection(_Section):
     # is lost across a crash.
     persistent_session: bool = True
     session_expiry_s: int = Field(default=3600, ge=0)
+    # A broker that never answers keeps a service waiting (it reconnects with backoff, which is
+    # right for a broker that restarts); at a terminal or in a job, giving up after a while and
+    # saying so is more useful. None: wait forever.
+    connect_timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        try:
+            parse_broker_address(url)
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+        return url
+
+    @property
+    def address(self) -> BrokerAddress:
+        return parse_broker_address(self.url)
 
     def to_broker_config(self, client_id: str) -> BrokerConfig:
         overrides: dict[str, Any] = {
@@ -72,7 +227,7 @@ class BrokerSection(_Section):
                 overrides[name] = getattr(self, name)
         if self.password is not None:
             overrides["password"] = self.password.get_secret_value()
-        return BrokerConfig.from_url(self.url, **overrides)
+        return self.address.broker_config(**overrides)
 
 
 class MetricsSection(_Section):
@@ -85,14 +240,22 @@ class StoreSection(_Section):
 
 
 class LogSection(_Section):
-    level: str = "info"
+    level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _lowercase(cls, level: Any) -> Any:
+        return level.lower() if isinstance(level, str) else level
+
+
+DEFAULT_AGENT_ID = "cbo-agent"
 
 
 class AgentConfig(_Section):
     """Where and as whom the agent runs."""
 
-    agent_id: str = Field(default="cbo-agent", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    agent_id: str = Field(default=DEFAULT_AGENT_ID, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     topic_prefix: str = "cbo"
     broker: BrokerSection = BrokerSection()
     metrics: MetricsSection = MetricsSection()
@@ -105,6 +268,24 @@ class AgentConfig(_Section):
     # off by default so that `cbo-agent run` in a script or benchmark returns when done.
     keep_serving: bool = False
 
+    def client_id(self, experiments: Sequence[str]) -> str:
+        """The MQTT client id, which names the broker's persistent session.
+
+        A configured `agent_id` is used as it is: the operator has made it unique, and a
+        restart under it resumes its session (what the broker queued meanwhile is delivered).
+        The default id is shared by every agent nobody named, so two runs one after the other
+        with different stores or experiments would share one session, and the second would be
+        handed (and acknowledge) what was queued for the first. Without a configured id the
+        client id is therefore `cbo-agent-` + a digest of the store's absolute path and the
+        experiments' names: a restart on the same store with the same specs (crash recovery)
+        finds its session again, any other run gets its own. 22 characters, within MQTT 3.1.1's
+        guaranteed 23.
+        """
+        if "agent_id" in self.model_fields_set:
+            return self.agent_id
+        identity = "\0".join([str(Path(self.store.path).resolve()), *sorted(experiments)])
+        return f"{self.agent_id}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
 
 _ENVIRONMENT = {
     "CBO_AGENT_ID": ("agent_id",),
@@ -113,6 +294,7 @@ _ENVIRONMENT = {
     "CBO_BROKER_PASSWORD": ("broker", "password"),
     "CBO_BROKER_CA_FILE": ("broker", "ca_file"),
     "CBO_BROKER_PROTOCOL": ("broker", "protocol"),
+    "CBO_BROKER_CONNECT_TIMEOUT_S": ("broker", "connect_timeout_s"),
     "CBO_TOPIC_PREFIX": ("topic_prefix",),
     "CBO_METRICS_HOST": ("metrics", "host"),
     "CBO_METRICS_PORT": ("metrics", "port"),
@@ -122,10 +304,6 @@ _ENVIRONMENT = {
     "CBO_DEVICE": ("device",),
     "CBO_KEEP_SERVING": ("keep_serving",),
 }
-
-
-class ConfigError(ValueError):
-    """The configuration file, an environment variable or a flag is invalid."""
 
 
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -165,5 +343,4 @@ def load_config(
     try:
         return AgentConfig.model_validate(tree)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise ConfigError(problems) from None
+        raise ConfigError("; ".join(plain_problems(error, AgentConfig))) from None

@@ -75,20 +75,39 @@ class _Incoming:
     at: float = 0.0  # when it was queued
 
 
+class BrokerUnavailable(Exception):
+    """No broker session within `broker.connect_timeout_s`: the service gives up."""
+
+    def __init__(self, url: str, waited_s: float, error: str | None) -> None:
+        reason = error or "no answer"
+        super().__init__(f"no broker session with {url} within {waited_s:g} s ({reason})")
+        self.url, self.waited_s, self.error = url, waited_s, reason
+
+
 class Link:
     """The current broker connection, for publishers that outlive any single connection."""
 
     def __init__(self) -> None:
         self._connection: MqttConnection | None = None
         self._connected = asyncio.Event()
+        self._disconnected = asyncio.Event()
+        self._disconnected.set()
 
     def attach(self, connection: MqttConnection) -> None:
         self._connection = connection
         self._connected.set()
+        self._disconnected.clear()
 
     def detach(self) -> None:
         self._connection = None
         self._connected.clear()
+        self._disconnected.set()
+
+    async def wait_attached(self) -> None:
+        await self._connected.wait()
+
+    async def wait_detached(self) -> None:
+        await self._disconnected.wait()
 
     @property
     def connected(self) -> bool:
@@ -149,6 +168,7 @@ class AgentService:
         self._store = store
         self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
         self.metrics_server: MetricsServer | None = None
+        self._last_broker_error: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -193,20 +213,26 @@ class AgentService:
         self.readiness.set("experiments_loaded", True)
 
     async def _serve(self) -> None:
-        broker = self.config.broker.to_broker_config(client_id=self.config.agent_id)
+        client_id = self.config.client_id(list(self.experiments))
+        broker = self.config.broker.to_broker_config(client_id=client_id)
         presence = Presence(
             self.config.agent_id, experiments=tuple(self.experiments), topics=self.topics
         )
+        self.readiness.set("broker_connected", False, f"connecting to {self._broker_url}")
         connection = asyncio.create_task(
-            run_with_reconnect(broker, self._session, presence=presence), name="mqtt"
+            run_with_reconnect(
+                broker, self._session, presence=presence, on_failure=self._broker_failed
+            ),
+            name="mqtt",
         )
         letters = asyncio.create_task(self._publish_dead_letters(), name="dead-letters")
+        watchdog = asyncio.create_task(self._connect_deadline(), name="connect-deadline")
         drivers = [
             asyncio.create_task(self._driver(exp), name=f"drive:{exp.name}")
             for exp in self.experiments.values()
         ]
         try:
-            pending = {connection, *drivers}
+            pending = {connection, watchdog, *drivers}
             while any(task in pending for task in drivers):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -214,11 +240,36 @@ class AgentService:
                 if connection in done:
                     break
         finally:
-            for task in (connection, letters, *drivers):
+            for task in (connection, letters, watchdog, *drivers):
                 task.cancel()
-            for task in (connection, letters, *drivers):
+            for task in (connection, letters, watchdog, *drivers):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    # ------------------------------------------------------------------ broker reachability
+    @property
+    def _broker_url(self) -> str:
+        return self.config.broker.address.url
+
+    def _broker_failed(self, error: MqttConnectionError) -> None:
+        """The reconnect loop lost (or never got) the broker: /readyz says which and why."""
+        self.readiness.set("broker_connected", False, f"{self._broker_url}: {error}")
+        self._last_broker_error = str(error)
+
+    async def _connect_deadline(self) -> None:
+        """Give up when no broker session starts within `broker.connect_timeout_s` — at start
+        or after a connection was lost. Without a timeout, wait forever (return at once)."""
+        timeout_s = self.config.broker.connect_timeout_s
+        if timeout_s is None:
+            return
+        while True:
+            try:
+                await asyncio.wait_for(self.link.wait_attached(), timeout_s)
+            except TimeoutError:
+                raise BrokerUnavailable(
+                    self._broker_url, timeout_s, self._last_broker_error
+                ) from None
+            await self.link.wait_detached()
 
     # ------------------------------------------------------------------ MQTT session
     async def _session(self, connection: MqttConnection) -> None:

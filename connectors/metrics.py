@@ -220,24 +220,38 @@ ReadinessCheck = Callable[[], tuple[bool, str]]
 class Readiness:
     """Thread-safe readiness: ready when every named condition holds.
 
+    A condition that does not hold may say why; /readyz shows the reason beside its name.
+
     >>> readiness = Readiness("broker_connected", "experiments_loaded")
     >>> readiness.set("broker_connected", True)
     >>> readiness()
     (False, 'waiting for: experiments_loaded')
+    >>> readiness.set("broker_connected", False, "mqtt://127.0.0.1:1883: connection refused")
+    >>> readiness()[1]
+    'waiting for: broker_connected (mqtt://127.0.0.1:1883: connection refused), experiments_loaded'
     """
 
     def __init__(self, *conditions: str) -> None:
         self._lock = threading.Lock()
         self._state = dict.fromkeys(conditions, False)
+        self._reasons: dict[str, str] = {}
 
-    def set(self, condition: str, holds: bool) -> None:
-        """Mark one condition as holding or not; new names add a condition."""
+    def set(self, condition: str, holds: bool, reason: str = "") -> None:
+        """Mark one condition as holding or not (and why not); new names add a condition."""
         with self._lock:
             self._state[condition] = holds
+            if holds or not reason:
+                self._reasons.pop(condition, None)
+            else:
+                self._reasons[condition] = reason
 
     def __call__(self) -> tuple[bool, str]:
         with self._lock:
-            waiting = [name for name, holds in self._state.items() if not holds]
+            waiting = [
+                f"{name} ({self._reasons[name]})" if name in self._reasons else name
+                for name, holds in self._state.items()
+                if not holds
+            ]
         return (not waiting, "ready" if not waiting else "waiting for: " + ", ".join(waiting))
 
 

@@ -518,6 +518,8 @@ class Backoff:
 
 
 Session = Callable[[MqttConnection], Awaitable[None]]
+FailureHook = Callable[[MqttConnectionError], None]
+REMINDER_S: Final = 60.0  # while the broker stays out of reach, a warning this often at most
 
 
 async def run_with_reconnect(
@@ -528,21 +530,27 @@ async def run_with_reconnect(
     backoff: Backoff | None = None,
     max_failures: int | None = None,
     rng: random.Random | None = None,
+    on_failure: FailureHook | None = None,
 ) -> None:
     """Run `on_connected(connection)` on every successful connection until it returns.
 
     `on_connected` is a session: subscribe, re-publish pending work, then consume messages. When
     it returns, the connection closes cleanly and this function returns. When the link fails
     (it raises MqttConnectionError, alone or inside an ExceptionGroup from a TaskGroup), the
-    connection is dropped, a jittered backoff passes, and a new connection runs a new session.
-    After `max_failures` consecutive failures (None: never) the last error is raised. Any other
-    exception propagates unchanged; cancel the task to stop.
+    connection is dropped, `on_failure(error)` is called, a jittered backoff passes, and a new
+    connection runs a new session. After `max_failures` consecutive failures (None: never) the
+    last error is raised. Any other exception propagates unchanged; cancel the task to stop.
+
+    Each failure is logged as `mqtt.reconnect_scheduled`: at warning level for the first failure
+    of an outage and then every `REMINDER_S` while it lasts, at debug level otherwise, so a
+    broker that never answers is reported once, clearly, and then only now and then.
     """
     config = config.with_client_id()
     backoff = backoff or Backoff()
     rng = rng or random.Random()
     failures = 0
     preferred: Protocol | None = None
+    outage = _Outage()
     while True:
         session = _SupervisedSession(on_connected)
         try:
@@ -554,13 +562,19 @@ async def run_with_reconnect(
             return
         except* MqttConnectionError as group:
             error = _first_leaf(group)
-        failures = 0 if session.uptime_s() >= backoff.stable_after_s else failures
+        if session.uptime_s() >= backoff.stable_after_s:
+            failures = 0
+        if session.uptime_s() > 0.0:  # it was connected: a new outage begins
+            outage = _Outage()
         failures += 1
+        if on_failure is not None:
+            on_failure(error)
         if max_failures is not None and failures > max_failures:
             log.error("mqtt.giving_up", failures=failures - 1, error=str(error))
             raise error
         delay_s = backoff.delay(failures - 1, rng)
-        log.warning(
+        report = log.warning if outage.remind() else log.debug
+        report(
             "mqtt.reconnect_scheduled",
             host=config.host,
             port=config.port,
@@ -568,8 +582,27 @@ async def run_with_reconnect(
             delay_s=round(delay_s, 3),
             error=str(error),
             uptime_s=round(session.uptime_s(), 3),
+            down_s=round(outage.seconds(), 3),
         )
         await asyncio.sleep(delay_s)
+
+
+class _Outage:
+    """How long the broker has been out of reach, and whether it is time to say so again."""
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+        self._said: float | None = None
+
+    def seconds(self) -> float:
+        return time.monotonic() - self._since
+
+    def remind(self) -> bool:
+        now = time.monotonic()
+        if self._said is None or now - self._said >= REMINDER_S:
+            self._said = now
+            return True
+        return False
 
 
 class _SupervisedSession:
