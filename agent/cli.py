@@ -34,6 +34,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _demo(args: argparse.Namespace) -> int:
     from agent.demo import DemoOptions
     from agent.demo import main as run_demo
@@ -64,7 +74,10 @@ RUN_FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
     "log_level": ("log", "level"),
     "log_format": ("log", "format"),
     "keep_serving": ("keep_serving",),
+    "connect_timeout": ("broker", "connect_timeout_s"),
 }
+# `run`'s flags that change the specs rather than the service (README's "Trying policies").
+RUN_SPEC_FLAGS = ("policy", "rounds", "seed", "set")
 
 
 def missing_spec_file(path: str) -> str | None:
@@ -88,31 +101,81 @@ def missing_spec_file(path: str) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Check everything a user can get wrong, then serve; a mistake is one line, exit 2."""
     for path in args.specs:
         problem = missing_spec_file(path)
         if problem is not None:
-            print(f"cbo-agent run: {problem}", file=sys.stderr)
-            return 2
+            return _refuse("run", [problem])
 
     from agent.config import ConfigError, load_config
+    from agent.preflight import load_run_specs, service_problems
     from agent.serve import run_service
 
     overrides = {key: getattr(args, flag, None) for flag, key in RUN_FLAG_SETTINGS.items()}
     try:
         config = load_config(args.config, overrides)
     except ConfigError as error:
-        print(f"cbo-agent run: configuration: {error}", file=sys.stderr)
-        return 2
+        return _refuse("run", [f"configuration: {error}"])
+    specs, problems = load_run_specs(args.specs, spec_overrides(args))
+    if problems:
+        return _refuse("run", problems)
+    problems = service_problems(config, specs)
+    if problems:
+        return _refuse("run", problems)
     configure_logging(config.log.level, config.log.format)
-    return run_service(args.specs, config)
+    return run_service(specs, config)
+
+
+def spec_overrides(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """`--policy`, `--rounds`, `--seed` and every `--set KEY=VALUE`, as dotted spec keys."""
+    overrides: list[tuple[str, object]] = []
+    if args.policy is not None:
+        overrides.append(("policy.name", args.policy))
+    if args.rounds is not None:
+        overrides.append(("schedule.max_rounds", args.rounds))
+    if args.seed is not None:
+        overrides.append(("initial_design.seed", args.seed))
+    return overrides + list(args.set)
+
+
+def _refuse(command: str, problems: list[str]) -> int:
+    """Print each problem as one line naming the command; exit code 2."""
+    for problem in problems:
+        print(f"cbo-agent {command}: {problem}", file=sys.stderr)
+    return 2
+
+
+def _spec_setting(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` -> (dotted key, YAML-parsed value)."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (e.g. schedule.max_rounds=20), got {text!r}"
+        )
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: value is not YAML ({error})") from None
+    return key.strip(), value
 
 
 def _sim(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from agent.config import ConfigError, parse_broker_address
     from agent.serve import run_simulator
+    from core.plain_errors import plain_problems, unknown_name
     from sim.device import DeviceSettings
+    from sim.registry import environment_names
 
+    if args.env not in environment_names():
+        return _refuse("sim", [unknown_name("environment", args.env, environment_names())])
+    try:
+        address = parse_broker_address(args.broker)
+    except ConfigError as error:
+        return _refuse("sim", [f"--broker {error}"])
     try:
         settings = DeviceSettings(
             experiment=args.experiment,
@@ -127,9 +190,8 @@ def _sim(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
         )
     except ValidationError as error:
-        print(f"cbo-agent sim: {error}", file=sys.stderr)
-        return 2
-    broker = {
+        return _refuse("sim", plain_problems(error, DeviceSettings))
+    options = {
         name: value
         for name, value in (
             ("username", args.username),
@@ -138,7 +200,11 @@ def _sim(args: argparse.Namespace) -> int:
         )
         if value
     }
-    return run_simulator(args.env, args.broker, settings, args.env_seed, **broker)
+    try:
+        broker = address.broker_config(**options)
+    except ValidationError as error:
+        return _refuse("sim", [f"--broker {args.broker!r}: {e}" for e in plain_problems(error)])
+    return run_simulator(args.env, broker, settings, args.env_seed)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -194,7 +260,7 @@ class _CommandLine:
 
 
 def _command_line() -> _CommandLine:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cbo-agent",
         description="Online causal Bayesian optimization for networked systems over MQTT.",
     )
@@ -287,9 +353,20 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(handler=_export)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake said in one line (not the usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _add_log_flags(parser: argparse.ArgumentParser, default: object = None) -> None:
     parser.add_argument(
-        "--log-level", default=default, help="debug, info (default), warning, error"
+        "--log-level",
+        default=default,
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="debug, info (default), warning, error",
     )
     parser.add_argument(
         "--log-format",
@@ -307,7 +384,17 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument("specs", nargs="+", metavar="SPEC", help="experiment spec files (YAML)")
     run.add_argument("--config", help="YAML configuration file (see agent/config.py)")
-    run.add_argument("--broker", help="broker URL, mqtt://[user:pass@]host:1883 or mqtts://")
+    run.add_argument(
+        "--broker",
+        help="the broker: mqtt://[USER:PASS@]HOST[:PORT], mqtts:// (TLS), tcp:// or HOST:PORT",
+    )
+    run.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="give up (exit 1, log event agent.fatal) when no broker session starts within "
+        "this long, at start or after losing one (default: keep trying)",
+    )
     run.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz, /readyz")
     run.add_argument("--metrics-host", help="address the metrics server binds (127.0.0.1)")
     run.add_argument("--store", help="SQLite store path")
@@ -320,6 +407,30 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     # also after `run` (SUPPRESS: not given here, the global flag's value stands)
     _add_log_flags(run, default=argparse.SUPPRESS)
+    trying = run.add_argument_group(
+        "trying policies (these change every spec given, validated like the spec)"
+    )
+    trying.add_argument(
+        "--policy",
+        help="the policy (policy.name); another policy than the spec's drops its policy.settings",
+    )
+    trying.add_argument(
+        "--rounds", type=positive_int, help="stop after N rounds (schedule.max_rounds)"
+    )
+    trying.add_argument(
+        "--seed",
+        type=int,
+        help="the design's and the policy's random numbers (initial_design.seed)",
+    )
+    trying.add_argument(
+        "--set",
+        type=_spec_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a spec field by its dotted key, value parsed as YAML "
+        "(e.g. policy.settings.beta=2, constraints.budget_total=50); repeatable",
+    )
     run.set_defaults(handler=_run)
 
 
@@ -330,7 +441,8 @@ def _add_sim(commands: argparse._SubParsersAction) -> None:
     sim.add_argument(
         "--broker",
         default=os.environ.get("CBO_BROKER_URL", "mqtt://127.0.0.1:1883"),
-        help="broker URL (default $CBO_BROKER_URL or mqtt://127.0.0.1:1883)",
+        help="the broker: mqtt://[USER:PASS@]HOST[:PORT], mqtts:// (TLS), tcp:// or HOST:PORT "
+        "(default $CBO_BROKER_URL or mqtt://127.0.0.1:1883)",
     )
     sim.add_argument(
         "--username",
@@ -379,7 +491,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--rounds", type=positive_int, default=30, help="rounds to run (30)")
     demo.add_argument(
-        "--broker", metavar="HOST:PORT", help="use this broker instead of starting the embedded one"
+        "--broker",
+        help="use this broker instead of starting the embedded one: HOST:PORT, "
+        "mqtt://[USER:PASS@]HOST[:PORT], mqtts:// (TLS) or tcp://",
     )
     demo.add_argument("--no-live", action="store_true", help="plain lines, no live table")
     demo.add_argument("--out", default="results/demo", help="where the plot and store go")

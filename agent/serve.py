@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -24,8 +23,9 @@ import structlog
 
 from agent.config import AgentConfig
 from agent.experiment import Experiment
-from agent.runtime import AgentService
-from core.spec import ExperimentSpec, SpecError, load_spec
+from agent.runtime import AgentService, BrokerUnavailable
+from connectors.mqtt import BrokerConfig
+from core.spec import ExperimentSpec
 
 log = structlog.get_logger(__name__)
 
@@ -82,33 +82,32 @@ class ServedAgent(AgentService):
                 await self._handle(exp, batch)
 
 
-def load_specs(spec_paths: Sequence[str]) -> list[ExperimentSpec] | None:
-    """The specs, or None after printing one line per problem (with the file) to stderr."""
-    specs = []
-    for path in spec_paths:
-        try:
-            specs.append(load_spec(path))
-        except SpecError as error:
-            for problem in error.problems:
-                print(f"{path}: {problem}", file=sys.stderr)
-            return None
-    return specs
+def run_service(specs: Sequence[ExperimentSpec], config: AgentConfig) -> int:
+    """Serve the (checked) specs until they finish (or, with keep_serving, until signalled).
 
-
-def run_service(spec_paths: Sequence[str], config: AgentConfig) -> int:
-    """Load specs and serve them until they finish (or, with keep_serving, until signalled)."""
-    specs = load_specs(spec_paths)
-    if specs is None:
-        return 2
-    asyncio.run(_until_signalled(ServedAgent(config, specs).run()))
+    Returns 0 when done or stopped; 1 when no broker session started within
+    `broker.connect_timeout_s`, reported as one `agent.fatal` event.
+    """
+    try:
+        asyncio.run(_until_signalled(ServedAgent(config, specs).run()))
+    except BrokerUnavailable as error:
+        log.error(
+            "agent.fatal",
+            reason="broker_unreachable",
+            broker=error.url,
+            waited_s=error.waited_s,
+            error=error.error,
+            detail=str(error),
+        )
+        return 1
     return 0
 
 
-def run_simulator(env: str, broker_url: str, settings: Any, env_seed: int, **broker: Any) -> int:
+def run_simulator(env: str, broker: BrokerConfig, settings: Any, env_seed: int) -> int:
     """Run one environment as an MQTT device until stopped."""
-    from sim.device import run_device
+    from sim.device import SimulatorDevice
+    from sim.registry import make_environment
 
-    asyncio.run(
-        _until_signalled(run_device(env, broker_url, settings, env_seed=env_seed, **broker))
-    )
+    device = SimulatorDevice(make_environment(env, env_seed), broker, settings)
+    asyncio.run(_until_signalled(device.run()))
     return 0

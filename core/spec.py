@@ -9,6 +9,7 @@ error names the offending field (`nodes[2].parents: unknown node 'X9'`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -567,12 +568,73 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
         raise SpecError(source, plain_problems(error, ExperimentSpec)) from None
 
 
-def load_spec(path: str | Path) -> ExperimentSpec:
-    """Read and validate a YAML spec file.
+Override = tuple[str, Any]  # a dotted key into the spec ("schedule.max_rounds") and its value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[Override], source: str) -> None:
+    """Set each dotted key of `overrides` in the parsed spec `data`, in order (in place).
+
+    Keys name mappings by key and lists by index (`nodes.0.noise_std`); missing mappings are
+    created, so a misspelled key surfaces as the spec's own "unknown key" error. A new
+    `policy.name` drops the file's `policy.settings` (they belong to the other policy).
 
     Raises:
-        SpecError: for unreadable files, YAML syntax errors (with line and column) and every
-            validation problem.
+        SpecError: a key that cannot be followed (through a value, past a list's end).
+    """
+    for key, value in overrides:
+        parts = key.split(".")
+        if not all(part.strip() for part in parts):
+            raise SpecError(
+                source, [f"--set {key}: expected a dotted key like schedule.max_rounds"]
+            )
+        policy = data.get("policy")
+        changes_policy = isinstance(policy, dict) and policy.get("name", "mcbo") != value
+        if parts == ["policy", "name"] and changes_policy:
+            policy.pop("settings", None)
+        try:
+            parent = _container(data, parts[:-1])
+            _assign(parent, parts[-1], value)
+        except LookupError as error:
+            raise SpecError(source, [f"--set {key}: {error.args[0]}"]) from None
+
+
+def _container(data: dict[str, Any], parts: Sequence[str]) -> dict[str, Any] | list[Any]:
+    """The mapping or list at `parts`, creating missing mappings on the way."""
+    node: Any = data
+    for depth, part in enumerate(parts):
+        if isinstance(node, list):
+            node = node[_index(node, part, parts[:depth])]
+        elif isinstance(node, dict):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        else:
+            raise LookupError(f"{'.'.join(parts[:depth])} is a value, not a mapping or a list")
+    if not isinstance(node, dict | list):
+        raise LookupError(f"{'.'.join(parts)} is a value, not a mapping or a list")
+    return node
+
+
+def _assign(node: dict[str, Any] | list[Any], part: str, value: Any) -> None:
+    if isinstance(node, list):
+        node[_index(node, part, [])] = value
+    else:
+        node[part] = value
+
+
+def _index(node: list[Any], part: str, where: Sequence[str]) -> int:
+    if not (part.isdigit() and int(part) < len(node)):
+        name = ".".join(where) or "it"
+        raise LookupError(f"{name} is a list of {len(node)}; {part!r} is not an index in it")
+    return int(part)
+
+
+def load_spec(path: str | Path, overrides: Sequence[Override] = ()) -> ExperimentSpec:
+    """Read and validate a YAML spec file, with `overrides` applied first (`apply_overrides`).
+
+    Raises:
+        SpecError: for unreadable files, YAML syntax errors (with line and column), overrides
+            that cannot be applied and every validation problem.
     """
     source = str(path)
     try:
@@ -587,4 +649,6 @@ def load_spec(path: str | Path) -> ExperimentSpec:
         raise SpecError(
             source, [f"{where}invalid YAML ({getattr(error, 'problem', error)})"]
         ) from None
+    if overrides and isinstance(data, dict):
+        apply_overrides(data, overrides, source)
     return parse_spec(data, source)

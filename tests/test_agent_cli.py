@@ -72,7 +72,7 @@ def test_run_refuses_a_bad_spec_naming_the_field(tmp_path, capsys):
     )
     assert main(["run", str(spec), "--store", str(tmp_path / "s.db")]) == 2
     err = capsys.readouterr().err
-    assert f"{spec}: nodes: List should have at least 1 item" in err
+    assert f"cbo-agent run: {spec}: nodes: needs at least 1 item, got 0" in err
 
 
 def test_run_refuses_bad_configuration(tmp_path, capsys):
