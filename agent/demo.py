@@ -1,13 +1,15 @@
 """`cbo-agent demo`: the whole system on one machine, watched live.
 
-An embedded MQTT broker (amqtt) on loopback — or an external one with `--broker HOST:PORT` — a
+An embedded MQTT broker (amqtt) on loopback — or an external one with `--broker` (any form of
+`agent.config.BROKER_FORMS`: HOST:PORT, mqtt://, mqtts://, tcp://) — a
 simulator of a paper environment as the MQTT device, and the agent service. The terminal shows
 each round as it closes (action, reward, E[y | action], cumulative regret, decision latency),
 /metrics is served meanwhile, and at the end a regret plot is saved.
 
 Everything the options choose is checked before anything starts (`prepare_demo`): an unknown
 environment or policy, a policy the environment's spec cannot use (D-GP-UCB needs a decomposed
-reward) or a malformed `--broker` is one line on stderr and exit code 2.
+reward), a malformed `--broker` or one that cannot be reached is one line on stderr and exit
+code 2.
 
 `--seed` seeds the run (the initial design, the simulator's noise, delays and jitter). The
 environment is always the instance its example spec describes: seeded environments (weather,
@@ -31,14 +33,23 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.config import (
+    AgentConfig,
+    BrokerAddress,
+    BrokerSection,
+    ConfigError,
+    MetricsSection,
+    StoreSection,
+    parse_broker_address,
+)
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
 from agent.runtime import AgentService
 from agent.validate import check_policy
 from connectors.embedded_broker import embedded_broker
-from connectors.mqtt import BrokerConfig
+from connectors.mqtt import MqttConnection, MqttConnectionError
+from core.plain_errors import unknown_name
 from core.spec import ExperimentSpec, load_spec
 from sim.base import Environment
 from sim.device import DeviceSettings, SimulatorDevice
@@ -49,6 +60,8 @@ log = structlog.get_logger(__name__)
 DEFAULT_ENV = "dropwave"  # two actions: the agent visibly finds the peak within 30 rounds
 DEFAULT_ROUNDS = 30
 SPEC_ENV_SEED = 0  # the instance of a seeded environment that examples/<env>.yaml describes
+PROBE_TIMEOUT_S = 5.0  # an external broker that does not answer a CONNECT by then is not there
+DEVICE_READY_S = 30.0
 
 
 class DemoError(ValueError):
@@ -60,7 +73,7 @@ class DemoOptions:
     env: str = DEFAULT_ENV
     policy: str | None = None
     rounds: int = DEFAULT_ROUNDS
-    broker: str | None = None  # HOST:PORT of an external broker; None starts the embedded one
+    broker: str | None = None  # an external broker (BROKER_FORMS); None starts the embedded one
     live: bool = True
     out: Path = Path("results/demo")
     metrics_port: int = 9464
@@ -98,18 +111,13 @@ async def _announce_metrics(service: AgentService, console: Console) -> None:
 def demo_spec(options: DemoOptions) -> ExperimentSpec:
     """The environment's example spec, paced for a demo: a round limit, short timeouts."""
     spec = load_spec(example_spec_path(options.env))
-    actions = len(spec.actions)
     updates = {
         "name": f"demo-{options.env}",
         "schedule": spec.schedule.model_copy(
             update={"max_rounds": options.rounds, "ack_timeout_s": 5.0, "round_timeout_s": 5.0}
         ),
-        "initial_design": spec.initial_design.model_copy(
-            update={
-                "rounds": min(2 * (actions + 1), max(options.rounds // 3, 1)),
-                "seed": options.seed,
-            }
-        ),
+        # the spec's design rounds (by default a few, scaled to the actions and the round limit)
+        "initial_design": spec.initial_design.model_copy(update={"seed": options.seed}),
     }
     if options.policy is not None:
         updates["policy"] = spec.policy.model_copy(
@@ -124,10 +132,21 @@ def demo_spec(options: DemoOptions) -> ExperimentSpec:
 class RoundView:
     """The terminal view: a live table on a terminal, plain lines otherwise."""
 
-    def __init__(self, console: Console, live: bool, title: str, optimum: float) -> None:
+    def __init__(
+        self,
+        console: Console,
+        live: bool,
+        title: str,
+        optimum: float,
+        *,
+        design_rounds: int = 0,
+        policy: str = "",
+    ) -> None:
         self.console = console
         self.title = title
         self.optimum = optimum
+        self.design_rounds = design_rounds
+        self.policy = policy
         self.rows: list[tuple[str, ...]] = []
         self.latency: dict[int, float] = {}
         self.live = Live(self._table(), console=console, refresh_per_second=4) if live else None
@@ -144,13 +163,17 @@ class RoundView:
     def handle(self, event: RoundEvent) -> None:
         if event.kind == "published" and event.decision_latency_s is not None:
             self.latency[event.round] = event.decision_latency_s
-        if event.kind != "closed":
-            if event.kind in ("rejected", "expired", "finished"):
-                self._line(f"{event.kind}: round {event.round} {event.detail}")
+        if event.kind == "finished":
+            self._line(f"no new rounds: {event.detail}")
+        elif event.kind in ("rejected", "expired"):
+            self._line(f"round {event.round} {event.kind}: {event.detail}")
+        if event.kind != "closed" or event.round is None:
             return
         action = ", ".join(f"{k}={v:.3g}" for k, v in event.intervention.items()) or "observe"
+        design = event.round < self.design_rounds
         row = (
             str(event.round),
+            "random (design)" if design else self.policy,
             action,
             _fmt(event.reward),
             _fmt(event.expected_reward),
@@ -162,19 +185,31 @@ class RoundView:
             self.live.update(self._table())
         else:
             self._line(
-                "round {} action [{}] reward {} E[y|a] {} cum.regret {} latency {}".format(*row)
+                "round {} by {} action [{}] reward {} E[y|a] {} cum.regret {} latency {}".format(
+                    *row
+                )
             )
 
     def _line(self, text: str) -> None:
         if self.live:
-            self.live.console.print(text)
+            self.live.console.print(text, markup=False)
         else:
             print(text, flush=True)
 
     def _table(self) -> Table:
         table = Table(title=f"{self.title} (optimum {self.optimum:.4g})", title_justify="left")
-        for column in ("round", "action", "reward", "E[y|a]", "cum. regret", "latency"):
-            table.add_column(column, justify="right" if column != "action" else "left")
+        for column in (
+            "round",
+            "chosen by",
+            "action",
+            "reward",
+            "E[y|a]",
+            "cum. regret",
+            "latency",
+        ):
+            table.add_column(
+                column, justify="left" if column in ("chosen by", "action") else "right"
+            )
         for row in self.rows[-18:]:
             table.add_row(*row)
         return table
@@ -185,14 +220,30 @@ def _fmt(value: float | None, pattern: str = "{:.4g}") -> str:
 
 
 @contextlib.asynccontextmanager
-async def _broker(address: str | None) -> AsyncIterator[tuple[str, int, str]]:
-    """(host, port, protocol) of the broker to use, starting the embedded one if needed."""
+async def _broker(address: BrokerAddress | None) -> AsyncIterator[tuple[BrokerAddress, str]]:
+    """(address, protocol) of the broker to use, starting the embedded one if needed."""
     if address is None:
         async with embedded_broker() as port:
-            yield "127.0.0.1", port, "3.1.1"  # amqtt speaks 3.1.1 only
+            yield BrokerAddress("127.0.0.1", port), "3.1.1"  # amqtt speaks 3.1.1 only
         return
-    host, port = _broker_address(address)
-    yield host, port, "auto"
+    yield address, "auto"
+
+
+async def _check_reachable(address: BrokerAddress) -> None:
+    """Connect once, so that a broker that is not there is one line, not retries and a timeout.
+
+    Raises:
+        DemoError: naming the broker and why it cannot be used.
+    """
+    probe = address.broker_config(timeout_s=PROBE_TIMEOUT_S, probe_timeout_s=PROBE_TIMEOUT_S)
+    try:
+        async with MqttConnection(probe):
+            pass
+    except MqttConnectionError as error:
+        raise DemoError(
+            f"--broker {address.url}: cannot connect ({error}); start a broker there, or leave "
+            "out --broker to use the embedded one"
+        ) from None
 
 
 def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
@@ -202,11 +253,9 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
         DemoError: unknown environment or policy, a policy the spec cannot use, a bad --broker.
     """
     if options.env not in environment_names():
-        raise DemoError(
-            f"unknown environment {options.env!r}; known: {', '.join(environment_names())}"
-        )
+        raise DemoError(unknown_name("environment", options.env, environment_names()))
     if options.broker is not None:
-        _broker_address(options.broker)
+        broker_address(options.broker)
     try:
         spec = demo_spec(options)
     except ExamplesNotFound as error:
@@ -230,11 +279,16 @@ def decomposed_environments() -> list[str]:
     ]
 
 
-def _broker_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise DemoError(f"--broker expects HOST:PORT, got {address!r}")
-    return host, int(port)
+def broker_address(text: str) -> BrokerAddress:
+    """`--broker` read as every command reads a broker (`agent.config.parse_broker_address`).
+
+    Raises:
+        DemoError: one line naming the mistake.
+    """
+    try:
+        return parse_broker_address(text)
+    except ConfigError as error:
+        raise DemoError(f"--broker {error}") from None
 
 
 async def run_demo(options: DemoOptions, console: Console | None = None) -> DemoResult:
@@ -245,20 +299,26 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
     """
     console = console or Console()
     spec, env = prepare_demo(options)
+    external = None if options.broker is None else broker_address(options.broker)
+    if external is not None:
+        await _check_reachable(external)
     options.out.mkdir(parents=True, exist_ok=True)
     store_path = options.out / "demo.sqlite"
     for suffix in ("", "-wal", "-shm"):  # a demo starts afresh every time
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)
-    async with _broker(options.broker) as (host, port, protocol):
+    async with _broker(external) as (address, protocol):
         config = AgentConfig(
             agent_id="cbo-demo-agent",
-            broker=BrokerSection(url=f"mqtt://{host}:{port}", protocol=protocol),
+            # a demo starts afresh: nothing a previous demo left queued on the broker is wanted
+            broker=BrokerSection(
+                url=address.url_with_credentials, protocol=protocol, persistent_session=False
+            ),
             metrics=MetricsSection(port=_metrics_port(options.metrics_port)),
             store=StoreSection(path=str(store_path)),
         )
         device = SimulatorDevice(
             env,
-            BrokerConfig(host=host, port=port, protocol=protocol),
+            address.broker_config(protocol=protocol),
             DeviceSettings(
                 experiment=spec.name,
                 device_id="demo-device",
@@ -268,12 +328,20 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
             ),
         )
         title = f"cbo-agent demo: {options.env}, policy {spec.policy.name}, {options.rounds} rounds"
-        with RoundView(console, options.live, title, env.optimum.value) as view:
+        view = RoundView(
+            console,
+            options.live,
+            title,
+            env.optimum.value,
+            design_rounds=spec.design_rounds,
+            policy=spec.policy.name,
+        )
+        with view:
             service = AgentService(config, [spec], on_event=view.handle)
             device_task = asyncio.create_task(device.run(), name="device")
             announce = asyncio.create_task(_announce_metrics(service, console))
             try:
-                await asyncio.wait_for(device.ready.wait(), 30)  # actuators listen first
+                await _device_ready(device, address)  # actuators listen first
                 await service.run()
             finally:
                 for task in (device_task, announce):
@@ -281,6 +349,15 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
     return _summarize(service, spec, env.optimum.value, options, console)
+
+
+async def _device_ready(device: SimulatorDevice, address: BrokerAddress) -> None:
+    try:
+        await asyncio.wait_for(device.ready.wait(), DEVICE_READY_S)
+    except TimeoutError:
+        raise DemoError(
+            f"the simulator did not get a session with {address.url} within {DEVICE_READY_S:g} s"
+        ) from None
 
 
 def _summarize(
@@ -297,15 +374,16 @@ def _summarize(
     for value in expected:
         total += optimum - value
         cumulative.append(total)
-    result = DemoResult(len(expected), spec.initial_design.rounds, expected, cumulative, optimum)
+    result = DemoResult(len(expected), spec.design_rounds, expected, cumulative, optimum)
     if expected:
         result.plot = plot_regret(result, options.out / "regret.png", spec.name)
-    initial = spec.initial_design.rounds
+    initial = spec.design_rounds
     best = max(expected[initial:], default=math.nan)
     console.print(
         f"\n{len(expected)} rounds ({initial} random, then {spec.policy.name}); "
         f"best E[y|a] after the random start {best:.4g} vs optimum {optimum:.4g}; "
-        f"cumulative regret {total:.4g}."
+        f"cumulative regret {total:.4g}.",
+        markup=False,  # "E[y|a]" is text, not a style
     )
     if result.plot:
         console.print(f"regret plot: {result.plot}")

@@ -12,6 +12,7 @@ from agent.cli import main
 from agent.demo import SPEC_ENV_SEED, DemoOptions, prepare_demo, run_demo
 from connectors.store import Store
 from sim.registry import make_environment
+from tests.brokers import free_port
 
 
 @pytest.mark.integration
@@ -49,6 +50,8 @@ def test_demo_command_prints_rounds_and_the_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("round ") >= 5 and "regret plot:" in out
+    assert "round 0 by random (design) action" in out  # the design's rounds are marked
+    assert "no new rounds: max_rounds reached" in out and "round None" not in out
     assert (tmp_path / "regret.png").exists()
 
 
@@ -67,9 +70,12 @@ def test_demo_refuses_a_policy_its_environment_cannot_use_before_starting(tmp_pa
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--env", "nowhere"], "unknown environment 'nowhere'; known: toygraph"),
+        (["--env", "nowhere"], "unknown environment 'nowhere' (known: toygraph"),
+        (["--env", "dropwav"], "unknown environment 'dropwav' (did you mean 'dropwave'?)"),
         (["--policy", "nope"], "policy.name: unknown policy 'nope'"),
-        (["--broker", "localhost"], "--broker expects HOST:PORT"),
+        (["--broker", "http://localhost"], "--broker 'http://localhost': http:// is not a broker"),
+        (["--broker", "127.0.0.1:99999"], "port '99999' is not a number from 1 to 65535"),
+        (["--broker", f"mqtt://127.0.0.1:{free_port()}"], "cannot connect ("),
     ],
 )
 def test_demo_refuses_bad_options_in_one_line(tmp_path, capsys, argv, message):
