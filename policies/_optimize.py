@@ -154,6 +154,9 @@ def maximize(
         remaining = timeout - (time.monotonic() - started)
         if remaining <= 0:
             return BoxResult(best_x, best_v, True, time.monotonic() - started)
+        if not depends_on_input(fn, starts[:1]):
+            # flat (a model with no data yet): every point scores the same, no gradient to follow
+            return BoxResult(best_x, best_v, cut, time.monotonic() - started)
         x, value = optimize_acqf(
             _FunctionAcquisition(fn),
             bounds=torch.stack([lower, upper]),
@@ -171,6 +174,17 @@ def maximize(
     if math.isfinite(value) and value >= best_v:
         best_x, best_v = x.reshape(dim).detach(), value
     return BoxResult(best_x, best_v, cut or seconds >= timeout, seconds)
+
+
+def depends_on_input(fn: Objective, x: torch.Tensor) -> bool:
+    """Whether f at the (k, D) points `x` has a gradient with respect to them.
+
+    A posterior with no observations is the prior everywhere: its mean and variance, and so
+    every acquisition built from them, are constant in x and carry no autograd graph. A gradient
+    optimizer would fail on them ("element 0 of tensors does not require grad").
+    """
+    probe = x.detach().clone().requires_grad_(True)
+    return bool(fn(probe).requires_grad)
 
 
 def raw_starts(
@@ -252,6 +266,8 @@ def ascend(
             better = value.detach() > best_v
             best_x[better] = x.detach()[better]
             best_v = torch.where(better, value.detach(), best_v)
+        if not value.requires_grad:  # flat in x (no data yet): nowhere to climb
+            break
         (-value.sum()).backward()
         optimizer.step()
         with torch.no_grad():

@@ -275,8 +275,11 @@ class _MCBOProblem(Problem):
             eps = torch.randn(settings.mc_samples, len(self.column), generator=generator)
             values = values_of()
             acquisition = self._network_reward(region, values, nets, eps.to(values))
+            objective = scorer(region, acquisition, values)
+            if not objective.requires_grad:  # flat (no data yet): nothing to learn from
+                break
             optimizer.zero_grad()
-            (-scorer(region, acquisition, values).sum()).backward()
+            (-objective.sum()).backward()
             optimizer.step()
             steps += 1
         with torch.no_grad():

@@ -3,11 +3,18 @@
 It is also the agent's initial-design explorer and its fallback when another policy fails, so
 every proposal keeps the same contract as the others (see `policies._supports`):
 
-- Soft interventions: an action whose bounds exclude 0 cannot be switched off (it is
-  *mandatory*), so it is in every support and counts toward `max_interventions`; the remaining
-  room is filled with a random number of the other actions (the rest stay 0).
+- Soft interventions: uniform over the admissible interventions. An action whose bounds
+  exclude 0 cannot be switched off (it is *mandatory*), so it is in every support and counts
+  toward `max_interventions`. The remaining room is filled with as many other actions as fit
+  (the rest stay 0): a support's values may be 0, so its box holds every smaller support's, and
+  the admissible set is the union of the boxes of the largest affordable supports. One of them
+  is drawn with probability proportional to its box's volume (a uniform subset, accepted with
+  probability volume / largest volume), then its values uniformly: a uniform point of the union.
+  (Drawing the number of actions first would leave about a third of the rounds of a
+  `max_interventions: 2` experiment with nothing used at all.)
 - Hard interventions: a target set drawn uniformly among the allowed ones that fit the
-  cardinality limit and whose cheapest point fits the round cap.
+  cardinality limit and whose cheapest point fits the round cap — the spec declares them as
+  the alternatives to explore (an observational `[]` among them, when declared).
 - Finite candidates: drawn uniformly among the admissible ones.
 - Budget: values are drawn uniformly in their bounds; a draw over the round cap is pulled toward
   its cheapest point (each value as close to 0 as its bounds allow) by a random fraction of the
@@ -21,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+from pydantic import Field
 
 from core.network import NetworkModel
 from policies._supports import admissible_candidates, mandatory_actions
@@ -42,7 +50,12 @@ def _fits(cost: float, cap: float) -> bool:
 
 
 class RandomSettings(PolicySettings):
-    max_draws: int = 1000  # attempts at an affordable soft support before the mandatory one
+    max_draws: int = Field(
+        default=1000,
+        ge=1,
+        description="Draws of an affordable soft support, over all sizes, before settling for "
+        "the actions that cannot be switched off.",
+    )
 
 
 class RandomPolicy(Policy):
@@ -152,11 +165,16 @@ class RandomPolicy(Policy):
         room = len(optional) if limit is None else min(limit - len(must), len(optional))
         if room == len(optional) and _fits(self._min_cost(tuple(names)), cap):
             return tuple(names)
-        for _ in range(self.settings.max_draws):
-            size = int(torch.randint(room + 1, (1,), generator=rng))
-            order = torch.randperm(len(optional), generator=rng)[:size].tolist()
-            chosen = {optional[i] for i in order}
-            support = tuple(n for n in names if n in must or n in chosen)
-            if _fits(self._min_cost(support), cap):
-                return support
+        span = {n: self.spec.action(n).bounds[1] - self.spec.action(n).bounds[0] for n in names}
+        draws = max(self.settings.max_draws // (room + 1), 1)
+        for size in range(room, 0, -1):  # the largest affordable supports
+            largest = math.prod(sorted((span[n] for n in optional), reverse=True)[:size])
+            for _ in range(draws):
+                order = torch.randperm(len(optional), generator=rng)[:size].tolist()
+                chosen = [optional[i] for i in order]
+                volume = math.prod(span[n] for n in chosen) / largest
+                accept = float(torch.rand(1, generator=rng, dtype=torch.float64)) < volume
+                support = tuple(n for n in names if n in must or n in chosen)
+                if accept and _fits(self._min_cost(support), cap):
+                    return support
         return tuple(must)  # affordable, checked above

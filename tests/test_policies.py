@@ -376,6 +376,29 @@ def test_random_keeps_actions_that_cannot_be_switched_off():
         make_policy("random", two).propose(NetworkModel(two), Constraints(max_interventions=1), rng)
 
 
+def test_random_draws_uniformly_over_admissible_interventions():
+    """With room for 2 of 3 actions, every draw uses 2 (a support's values may be 0, so its box
+    holds the smaller supports): never a round with nothing used, as drawing the number of
+    actions first gave in a third of the rounds. A support's chance is its box's volume: a1
+    spans 3, a0 and a2 span 1, so {a0, a2} has weight 1 of 1 + 3 + 3."""
+    actions = [
+        {"name": "a0", "targets": ["X0"], "bounds": [0.0, 1.0]},
+        {"name": "a1", "targets": ["X1"], "bounds": [-1.0, 2.0]},
+        {"name": "a2", "targets": ["Y"], "bounds": [0.0, 1.0]},
+    ]
+    spec = chain_spec(actions=actions)
+    policy, model = make_policy("random", spec), NetworkModel(spec)
+    rng = torch.Generator().manual_seed(0)
+    draws = 700
+    supports = [
+        policy.propose(model, Constraints(max_interventions=2), rng).target_set
+        for _ in range(draws)
+    ]
+    assert all(len(support) == 2 for support in supports)
+    share = supports.count(("a0", "a2")) / draws
+    assert abs(share - 1 / 7) < 4 * math.sqrt((1 / 7) * (6 / 7) / draws)  # 4 standard errors
+
+
 def test_random_draws_only_admissible_candidates():
     candidates = [[1.0, 1.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]
     spec = chain_spec(candidates=candidates)
