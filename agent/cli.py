@@ -242,6 +242,12 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec_docs(args: argparse.Namespace) -> int:
+    from agent.spec_docs import main as spec_docs
+
+    return spec_docs(Path(args.out), args.check)
+
+
 def _validate(args: argparse.Namespace) -> int:
     from agent.validate import validate_files
 
@@ -275,6 +281,15 @@ def _command_line() -> _CommandLine:
     )
     validate.add_argument("specs", nargs="+", metavar="SPEC", help="YAML spec files")
     validate.set_defaults(handler=_validate)
+    docs = commands.add_parser(
+        "spec-docs",
+        help="write the spec reference (spec.md) and its JSON Schema from the spec's models",
+    )
+    docs.add_argument("--out", default="docs", help="the folder to write them in (docs)")
+    docs.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the files are out of date"
+    )
+    docs.set_defaults(handler=_spec_docs)
     unavailable = _add_installed_commands(commands)
     if unavailable:
         parser.epilog = f"not available in this install: {', '.join(unavailable)}"

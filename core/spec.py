@@ -110,14 +110,11 @@ class ActionSpec(_Strict):
 class RewardSpec(_Strict):
     """The quantity to maximize: a node of the graph, or a known function g of components.
 
-    Decomposed rewards (paper 003): `components` are nodes observed separately, each with its own
-    GP, and the reward node's value is g(components) — it has no model of its own and its parents
-    must be exactly the components. g is either
-      linear:      Σ_j w_j · f_j, each weight a number or an expression in the action names
-                   (known weights g_j(x));
-      expression:  any arithmetic in the component names (`core.expression`), e.g. a perceived
-                   temperature; `derivative_bounds` gives B_j ≥ |∂g/∂f_j| over the components'
-                   ranges (needed by D-GP-UCB's nonlinear variance bound).
+    A decomposed reward (paper 003) names `components`, nodes observed separately, each with
+    its own GP; the reward node's value is g(components): it has no model of its own, and its
+    parents must be exactly the components. g is `linear`, Σ_j w_j · f_j with each weight a
+    number or an expression in the action names (known weights g_j(x)), or an `expression` in
+    the component names (`core.expression`), e.g. a perceived temperature.
     """
 
     node: str = Field(description="The node whose value is the reward.")
@@ -159,16 +156,16 @@ class ConstraintSpec(_Strict):
         default=None,
         ge=1,
         description="At most this many actions used in one round (soft: nonzero values; hard: "
-        "the size of the target set). None: no limit.",
+        "the size of the target set). null: no limit.",
     )
     budget_per_round: float | None = Field(
-        default=None, gt=0, description="Cap on the cost of one round. None: no cap."
+        default=None, gt=0, description="Cap on the cost of one round. null: no cap."
     )
     budget_total: float | None = Field(
         default=None,
         gt=0,
         description="Cap on the cost of the whole experiment; it ends when nothing affordable "
-        "is left. Never overspent, also across restarts. None: no cap.",
+        "is left. Never overspent, also across restarts. null: no cap.",
     )
 
 
@@ -186,19 +183,19 @@ class ModelSpec(_Strict):
     refit_every: int | None = Field(
         default=5,
         ge=1,
-        description="Refit a node's hyperparameters after this many new observations. None: "
+        description="Refit a node's hyperparameters after this many new observations. null: "
         "only on a misfit.",
     )
     misfit_z: float | None = Field(
         default=4.0,
         gt=0,
         description="Also refit a node when a reading lies more than this many predictive "
-        "standard deviations from its prediction. None: never.",
+        "standard deviations from its prediction. null: never.",
     )
     window: int | None = Field(
         default=None,
         ge=2,
-        description="Keep at most this many observations per node, forgetting the oldest. None: "
+        description="Keep at most this many observations per node, forgetting the oldest. null: "
         "keep all.",
     )
 
@@ -255,7 +252,7 @@ class ScheduleSpec(_Strict):
         default=None,
         ge=1,
         description="Stop proposing after this many rounds; the service exits once they are "
-        "closed (see `--keep-serving`). None: run until the budget is spent, or forever.",
+        "closed (see `--keep-serving`). null: run until the budget is spent, or forever.",
     )
     pipeline: int = Field(
         default=1,

@@ -37,10 +37,18 @@ from policies.base import PolicySettings
 class BetaSchedule(PolicySettings):
     """How β grows with the number of rounds t: constant, or β·√(1 + rate·ln t)."""
 
-    kind: Literal["constant", "log", "paper003"] = "log"
-    rate: float = Field(default=0.2, ge=0)
-    delta: float = Field(default=0.05, gt=0, lt=1)  # paper003: confidence parameter δ
-    scale: float = Field(default=0.2, gt=0)  # paper003: factor on β_t (the paper's 1/5)
+    kind: Literal["constant", "log", "paper003"] = Field(
+        default="log",
+        description="`constant`: β; `log`: β·√(1 + rate·ln t); `paper003`: paper 003's β_t "
+        "(its confidence bound for a linear reward), times `scale`.",
+    )
+    rate: float = Field(default=0.2, ge=0, description="`log`: how fast β grows with t.")
+    delta: float = Field(
+        default=0.05, gt=0, lt=1, description="`paper003`: the confidence parameter δ."
+    )
+    scale: float = Field(
+        default=0.2, gt=0, description="`paper003`: factor on β_t (the paper uses 1/5)."
+    )
 
 
 def beta_at(beta: float, schedule: BetaSchedule | None, model: NetworkModel) -> float:
