@@ -322,8 +322,11 @@ def _command_problem(argv: Sequence[str], line: _CommandLine) -> str | None:
         return None
     if word in line.unavailable:
         return f"cbo-agent {word}: not available: {line.unavailable[word]}"
+    from core.plain_errors import did_you_mean
+
     return (
-        f"cbo-agent: no command {word!r} (this install has: {', '.join(line.commands)}); "
+        f"cbo-agent: no command {word!r}{did_you_mean(word, line.commands)} "
+        f"(this install has: {', '.join(line.commands)}); "
         f"commands from other packages are entry points of group {COMMANDS_GROUP}: "
         "reinstall cbo-agent if one is missing"
     )

@@ -159,5 +159,5 @@ def test_what_a_user_sees_is_one_line_and_exit_code_2(tmp_path):
         assert result.returncode == 2, (name, result.stderr)
         assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, name
     assert "cannot connect (" in results["demo-broker"].stderr
-    assert "invalid choice: 'runn'" in results["unknown-command"].stderr
+    assert "no command 'runn' (did you mean 'run'?)" in results["unknown-command"].stderr
     assert not (tmp_path / "s.sqlite").exists() and not (tmp_path / "demo").exists()

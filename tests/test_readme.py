@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from agent.cli import RUN_FLAG_SETTINGS, build_parser
+from agent.cli import RUN_FLAG_SETTINGS, RUN_SPEC_FLAGS, build_parser
 from agent.config import _ENVIRONMENT, AgentConfig
 from agent.demo import DemoOptions, decomposed_environments, demo_spec
 from agent.validate import check_policy
@@ -74,7 +74,7 @@ def test_readme_configuration_table_lists_every_setting_variable_and_flag():
     assert sorted(keys) == sorted(config_keys()), "README table vs agent/config.py settings"
     variables = [v for _, row_variables, _ in rows for v in row_variables]
     assert sorted(variables) == sorted(_ENVIRONMENT), "README table vs agent/config.py variables"
-    options = run_options()
+    options = {flag: dest for flag, dest in run_options().items() if dest not in RUN_SPEC_FLAGS}
     flags = [f for _, _, row_flags in rows for f in row_flags]
     assert sorted(flags) == sorted(options), "README table vs `cbo-agent run` flags"
     for key, row_variables, row_flags in rows:
@@ -90,7 +90,7 @@ def test_readme_configuration_table_lists_every_setting_variable_and_flag():
 
 
 def test_every_run_flag_reaches_the_configuration():
-    dests = set(run_options().values()) - {"config"}
+    dests = set(run_options().values()) - {"config", *RUN_SPEC_FLAGS}
     assert dests == set(RUN_FLAG_SETTINGS)
     for path in RUN_FLAG_SETTINGS.values():
         assert ".".join(path) in config_keys()
@@ -121,3 +121,13 @@ def test_readme_lists_the_demo_policies_that_work():
     assert sorted(decomposed.group(2).split("|")) == sorted(decomposed_environments())
     for env in decomposed.group(2).split("|"):
         assert check_policy(demo_spec(DemoOptions(env=env, policy=decomposed.group(1)))) == []
+
+
+def test_readme_shows_the_flags_that_change_the_specs():
+    """`run`'s spec flags are not settings: README's "Trying policies" shows each."""
+    text = README.read_text()
+    section = text.split("**Trying policies**", 1)[1].split("\n\n", 1)[0]
+    options = run_options()
+    for dest in RUN_SPEC_FLAGS:
+        (flag,) = [f for f, d in options.items() if d == dest]
+        assert f"`{flag} " in section, flag
