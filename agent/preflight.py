@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.config import AgentConfig
-from agent.experiment import STRUCTURAL_FIELDS
+from agent.recovery import STRUCTURAL_FIELDS
 from agent.validate import check_policy
 from core.spec import ExperimentSpec, Override, SpecError, load_spec
 
