@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["propose"]
 
+ERROR_SUMMARY_CHARS = 300  # of a failing policy's error message, in its one log line
+
 
 def propose(exp: Experiment) -> LiveRound | None:
     """Choose the next intervention, reserve its cost and record it; None when finished."""
@@ -59,11 +61,29 @@ def _ask(exp: Experiment, policy: Policy, constraints: Constraints) -> tuple[Pro
         return proposal, policy
     except NothingAffordable:
         raise
-    except Exception:
+    except Exception as error:
         if policy is exp.explorer:
             raise
-        exp.log.exception("policy.failed", policy=policy.name, fallback=exp.explorer.name)
+        _failed(exp, policy, error)
         return exp.explorer.propose(exp.model, constraints, exp.rng), exp.explorer
+
+
+def _failed(exp: Experiment, policy: Policy, error: Exception) -> None:
+    """One warning line and a count; the traceback only at debug level (for whoever digs in).
+
+    A policy that fails does so again, round after round (a numerical corner of its
+    acquisition), and a traceback of a thousand lines per round would bury every other event.
+    """
+    kind = type(error).__name__
+    summary = " ".join(str(error).split())
+    exp.log.warning(
+        "policy.failed",
+        policy=policy.name,
+        error=f"{kind}: {summary[:ERROR_SUMMARY_CHARS]}",
+        fallback=exp.explorer.name,
+    )
+    exp.log.debug("policy.failed.traceback", policy=policy.name, exc_info=error)
+    telemetry.policy_failed(exp, policy.name, kind)
 
 
 def _admissible(

@@ -23,6 +23,7 @@ __all__ = [
     "export_regret",
     "finished",
     "model_updated",
+    "policy_failed",
     "proposal_rejected",
     "proposed",
     "published",
@@ -63,6 +64,11 @@ def model_updated(exp: Experiment, seconds: float) -> None:
 def proposal_rejected(exp: Experiment, reason: str) -> None:
     if exp.metrics:
         exp.metrics.proposal_rejected(exp.name, reason)
+
+
+def policy_failed(exp: Experiment, policy: str, error: str) -> None:
+    if exp.metrics:
+        exp.metrics.policy_failed(exp.name, policy, error)
 
 
 def device_overspend(exp: Experiment, reason: str) -> None:

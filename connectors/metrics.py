@@ -114,6 +114,13 @@ class AgentMetrics:
             ("experiment", "reason"),
             registry=self.registry,
         )
+        self._policy_failures = Counter(
+            "cbo_policy_failures",
+            "Proposals a policy failed to make (it raised, or proposed NaN); the explorer "
+            "proposed instead. error: the exception's type.",
+            ("experiment", "policy", "error"),
+            registry=self.registry,
+        )
         self._finished = self._gauge(
             "cbo_experiment_finished",
             "1 once the experiment has finished (round limit or budget), else 0.",
@@ -170,6 +177,10 @@ class AgentMetrics:
     def proposal_rejected(self, experiment: str, reason: str) -> None:
         """Count a proposal refused by the agent's own constraint check."""
         self._proposals_rejected.labels(experiment, reason).inc()
+
+    def policy_failed(self, experiment: str, policy: str, error: str) -> None:
+        """Count a proposal a policy failed to make (the explorer stood in)."""
+        self._policy_failures.labels(experiment, policy, error).inc()
 
     def device_overspend(self, experiment: str, reason: DeviceOverspendReason) -> None:
         """Count an action charged after its round expired (a device applied it anyway)."""

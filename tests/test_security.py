@@ -32,6 +32,7 @@ from structlog.testing import capture_logs
 from agent.config import load_config
 from agent.experiment import Experiment
 from agent.runtime import AgentService
+from connectors.metrics import AgentMetrics
 from connectors.mqtt import BrokerConfig, MqttConnection, MqttConnectionError
 from connectors.schemas import Action, Reading, decode, encode
 from connectors.store import Store
@@ -373,11 +374,20 @@ class Broken:
         return Proposal({"a0": math.nan, "a1": 0.5}, 0.0, 2.0, ("a0", "a1"), {})
 
 
-@pytest.mark.parametrize("failure", [RuntimeError("cholesky failed"), None], ids=["raises", "nan"])
-def test_a_failing_policy_falls_back_to_the_explorer(failure: Exception | None) -> None:
+@pytest.mark.parametrize(
+    ("failure", "error"),
+    [
+        (RuntimeError("cholesky\nfailed"), "RuntimeError: cholesky failed"),
+        (None, "ValueError: broken proposed NaN for ['a0']"),
+    ],
+    ids=["raises", "nan"],
+)
+def test_a_failing_policy_falls_back_to_the_explorer(failure: Exception | None, error: str) -> None:
+    """One warning line with the error's summary and a count; the traceback at debug level."""
     spec = fast_spec("fallback", rounds=5)
+    metrics = AgentMetrics()
     with Store(":memory:") as store:
-        exp = Experiment(spec, store)
+        exp = Experiment(spec, store, metrics=metrics)
         exp.policy = Broken(failure)
         for _ in range(spec.design_rounds):
             exp.propose()  # the initial design is the explorer's anyway
@@ -386,7 +396,16 @@ def test_a_failing_policy_falls_back_to_the_explorer(failure: Exception | None) 
         assert live is not None and live.policy == exp.explorer.name
         assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in live.intervention.values())
         (failed,) = [e for e in events if e["event"] == "policy.failed"]
-        assert (failed["policy"], failed["fallback"]) == ("broken", exp.explorer.name)
+        assert failed["log_level"] == "warning" and "exc_info" not in failed
+        assert (failed["policy"], failed["fallback"], failed["error"]) == (
+            "broken",
+            exp.explorer.name,
+            error,
+        )
+        (traceback,) = [e for e in events if e["event"] == "policy.failed.traceback"]
+        assert traceback["log_level"] == "debug" and traceback["exc_info"] is not None
+    labels = {"experiment": "fallback", "policy": "broken", "error": error.split(":")[0]}
+    assert metrics.registry.get_sample_value("cbo_policy_failures_total", labels) == 1
 
 
 def test_actions_are_rate_limited_per_experiment() -> None:
