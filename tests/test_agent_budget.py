@@ -57,6 +57,7 @@ def knobs_spec(**constraints):
             "constraints": {"max_interventions": 1, "budget_total": 20.0, **constraints},
             "model": {"refit_every": None, "misfit_z": None},
             "policy": {"name": "random"},
+            "initial_design": {"rounds": 0},  # the (scripted) policy proposes from round 0
         }
     )
 
@@ -150,6 +151,7 @@ def test_a_hard_proposal_outside_the_declared_target_sets_is_refused():
             "reward": {"node": "Y"},
             "model": {"refit_every": None, "misfit_z": None},
             "policy": {"name": "random"},
+            "initial_design": {"rounds": 0},  # the (scripted) policy proposes from round 0
         }
     )
     metrics = AgentMetrics()

@@ -121,7 +121,10 @@ def test_export_finds_the_store_like_run_does(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("store: {path: 3}\n", "store.path"), ("stor: {}\n", "stor: Extra inputs")],
+    [
+        ("store: {path: 3}\n", "store.path"),
+        ("stor: {}\n", "stor: unknown key (did you mean 'store'?)"),
+    ],
 )
 def test_export_refuses_bad_configuration(tmp_path, capsys, monkeypatch, text, message):
     monkeypatch.delenv("CBO_STORE_PATH", raising=False)
