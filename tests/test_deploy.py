@@ -135,6 +135,7 @@ def exported_series() -> tuple[set[str], set[str]]:
     metrics.observe_policy("e", 0.01)
     metrics.proposal_rejected("e", "budget_per_round")
     metrics.device_overspend("e", "ack_after_expiry")
+    metrics.policy_failed("e", "mcbo", "RuntimeError")
     metrics.set_finished("e", False)
     metrics.observe_round_wait("e", 0.1)
     metrics.message("e", "reading", "accepted")
