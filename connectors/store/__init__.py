@@ -1,30 +1,41 @@
 """The durable store of cbo-agent: what the agent writes before it acknowledges or publishes.
 
-One SQLite file per agent holds experiments (their specs), rounds (one per proposed action, with
-its status and publication attempts), readings (deduplicated by experiment, device, node and
-sequence number), oracle values, the budget ledger, snapshots of model state, and a bounded
-list of dead letters. `Store.export` writes an experiment's history as CSV or Parquet.
+A store holds experiments (their specs, the control plane's desired state and the lease of the
+replica that runs each), rounds (one per proposed action, with its status and publication
+attempts), readings (deduplicated by experiment, device, node and sequence number), oracle
+values, the budget ledger, snapshots of model state, and a bounded list of dead letters.
+`Store.export` writes an experiment's history as CSV or Parquet.
+
+Backends
+    `Store(target)` opens SQLite (a bare path, ``sqlite:///path``: one file, embedded, the
+    default) or PostgreSQL (``postgresql://...``: one database shared by a fleet of replicas);
+    `location` parses the target, `database.open_database` picks the backend. Both hold the same
+    tables at the same schema version, migrated forward on open, and `Store` behaves the same
+    on either; where they differ (threads, durability) the backend's module says so:
+    `sqlite.SqliteDatabase`, `postgres.PostgresDatabase`.
 
 Durability
-    WAL journal with ``synchronous=FULL``: a commit returns only after the WAL has been fsynced,
-    so everything a method wrote outside an explicit transaction — and everything in a
-    `Store.transaction` block, when the block exits — survives a crash of the process *and* a
+    SQLite: WAL journal with ``synchronous=FULL``: a commit returns only after the WAL has been
+    fsynced, so everything a method wrote outside an explicit transaction — and everything in
+    a `Store.transaction` block, when the block exits — survives a crash of the process *and* a
     power loss or kernel panic. With ``synchronous=NORMAL`` WAL mode syncs only at checkpoints:
     still consistent, but the last commits before a power loss may roll back, and the agent may
     already have published an action or spent budget on their strength. The price on this
     kind of machine is a fraction of a millisecond per commit (one fsync); group writes that
-    belong together in `Store.transaction` to pay it once.
+    belong together in `Store.transaction` to pay it once. PostgreSQL: a commit returns after
+    the server's COMMIT (with ``synchronous_commit = on``, its WAL flush).
 
 Thread safety
-    One connection per `Store`, opened with ``check_same_thread=False`` and guarded by one
-    re-entrant lock. `Store.transaction` holds the lock for its whole block, so a call from
-    another thread waits instead of slipping into someone else's transaction (and committing
-    or rolling back with it). Keep transaction blocks short and never ``await`` inside one: a
-    coroutine of the same thread would re-enter the lock, so the store refuses calls from
-    another asyncio task while a transaction is open. Several `Store` objects or processes on
-    one file are safe too: every write transaction starts with ``BEGIN IMMEDIATE``, so SQLite
-    serializes writers and the budget check-and-reserve cannot interleave; a writer waits for
-    another at most ``timeout_s``.
+    A thread's `Store.transaction` is its own: a call from another thread never slips into it
+    (and never commits or rolls back with it). On SQLite the one connection is guarded by one
+    re-entrant lock held for the whole block, so other threads wait; on PostgreSQL each thread
+    has its own pooled connection, and waits only to write an experiment the other thread's
+    open transaction has written. Keep transaction blocks short and never ``await`` inside one:
+    a coroutine of the same thread would re-enter it, so the store refuses calls from another
+    asyncio task while a transaction is open. Several `Store` objects or processes on one store
+    are safe too: the writers of one experiment are serialized (SQLite: ``BEGIN IMMEDIATE``;
+    PostgreSQL: a row lock on the experiment), so the budget check-and-reserve cannot
+    interleave; a writer waits for another at most ``timeout_s``.
 
 Budget ledger
     `reserve` before publishing, `settle` on ack, `release` on reject or expiry. Spent means
@@ -35,23 +46,33 @@ Budget ledger
     (a device applied an action after its round expired and its reservation was released), so
     the ledger tells the truth even when that truth is an overspend.
 
+Control plane, leases and fencing (fleets)
+    `submit` an experiment's spec, `pause`, `resume` or `stop` it, read `experiments` and
+    `experiment_status`: a paused or stopped experiment gets no new reservation (`NotRunning`).
+    A replica takes an experiment's lease with `acquire_lease` (owner, epoch, expiry on the
+    database's clock), keeps it with `renew_lease` (its heartbeat) and gives it up with
+    `release_lease`; it writes through ``store.fenced(experiment, epoch)``, a view whose every
+    write of that experiment is refused (`FencedError`, nothing written) once another replica
+    holds a newer epoch. See `leases` for what clock skew does and does not do.
+
 Nothing here unpickles: specs and metadata are JSON, arrays are ``.npy`` blobs written and read
 with ``allow_pickle=False``.
 
 Layout
     `Store` (here) checks each argument (`values`) and runs one function of a table module inside
-    `SqliteDatabase.writing` or `.reading` (`connection`: open, PRAGMAs, migrations from
-    `schema`, the lock, transactions). The table modules — `experiments`, `rounds` (with the
+    ``Database.writing`` or ``.reading`` (`database`: the contract; `sqlite` and `postgres`: the
+    backends, each with its DDL in `sqlite_schema` / `postgres_schema`, versions in `schema`).
+    The table modules — `experiments` (and the control plane), `leases`, `rounds` (with the
     one `RoundStatus`), `readings` (and oracle values), `ledger`, `snapshots`, `dead_letters`,
-    `export` — are functions over a connection, written in SQL that another backend can share
-    (`sql`); they return the dataclasses of `rows` and raise the errors of `errors`.
+    `export` — are functions over a connection, written in SQL that both backends run (`sql`);
+    they return the dataclasses of `rows` and raise the errors of `errors`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -59,14 +80,28 @@ from typing import TYPE_CHECKING, Any, Self
 from connectors.store import dead_letters as dead_letter_table
 from connectors.store import experiments as experiment_table
 from connectors.store import export as export_files
+from connectors.store import leases as lease_table
 from connectors.store import ledger as ledger_table
 from connectors.store import readings as reading_table
 from connectors.store import rounds as round_table
 from connectors.store import snapshots as snapshot_table
-from connectors.store.connection import SqliteDatabase
-from connectors.store.errors import BudgetExceeded, IllegalTransition, StoreError
+from connectors.store.database import Database, open_database
+from connectors.store.errors import (
+    BudgetExceeded,
+    FencedError,
+    IllegalTransition,
+    NotRunning,
+    StoreError,
+)
+from connectors.store.experiments import EXPERIMENT_STATES, ExperimentState
 from connectors.store.export import EXPORT_TABLES, ExportFormat
 from connectors.store.ledger import LedgerState
+from connectors.store.location import (
+    PostgresLocation,
+    SqliteLocation,
+    StoreLocation,
+    parse_store_location,
+)
 from connectors.store.rounds import (
     ACTION_KINDS,
     OPEN_STATUSES,
@@ -76,6 +111,9 @@ from connectors.store.rounds import (
 )
 from connectors.store.rows import (
     DeadLetterRow,
+    ExperimentRow,
+    ExperimentStatus,
+    Lease,
     LedgerRow,
     LedgerTotals,
     OracleRow,
@@ -101,6 +139,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTION_KINDS",
+    "EXPERIMENT_STATES",
     "EXPORT_TABLES",
     "MAX_INT64",
     "OPEN_STATUSES",
@@ -108,48 +147,71 @@ __all__ = [
     "ROUND_TRANSITIONS",
     "BudgetExceeded",
     "DeadLetterRow",
+    "ExperimentRow",
+    "ExperimentState",
+    "ExperimentStatus",
     "ExportFormat",
+    "FencedError",
+    "FencedStore",
     "IllegalTransition",
+    "Lease",
     "LedgerRow",
     "LedgerState",
     "LedgerTotals",
+    "NotRunning",
     "OracleRow",
+    "PostgresLocation",
     "ReadingRow",
     "RoundRow",
     "RoundStatus",
     "Snapshot",
+    "SqliteLocation",
     "Store",
     "StoreError",
+    "StoreLocation",
+    "parse_store_location",
 ]
 
 
 class Store:
-    """The embedded durable store. See the module docstring for durability and threading."""
+    """The durable store, on SQLite or PostgreSQL. See the module docstring for durability,
+    threading, and the fleet's leases and fencing."""
+
+    _fence: tuple[str, int] | None = None  # (experiment, epoch) of a `fenced` view
 
     def __init__(
         self,
-        path: str | Path,
+        target: str | Path,
         *,
         timeout_s: float = 10.0,
         keep_snapshots: int = 2,
         keep_dead_letters: int = 1000,
         dead_letter_payload_limit: int = 65_536,
     ) -> None:
-        """Open (creating and migrating as needed) the store at `path`.
+        """Open (creating and migrating as needed) the store `target` names: a path or
+        ``sqlite:///path`` (SQLite), or ``postgresql://...`` (`location` has every form).
 
-        ``":memory:"`` gives a private in-memory store (no durability; for tests of callers).
+        ``":memory:"`` gives a private in-memory SQLite store (no durability; for tests of
+        callers).
 
         Raises:
-            StoreError: the file is not a database, not a cbo-agent store, written by newer
-                code, or WAL mode cannot be enabled on it.
+            StoreError: `target` names no store; the file is not a database, not a cbo-agent
+                store, written by newer code, or WAL mode cannot be enabled on it; the
+                PostgreSQL server cannot be reached or holds another program's tables.
         """
         self.keep_snapshots = integer("keep_snapshots", keep_snapshots, lo=1)
         self.keep_dead_letters = integer("keep_dead_letters", keep_dead_letters, lo=1)
         self.dead_letter_payload_limit = integer(
             "dead_letter_payload_limit", dead_letter_payload_limit
         )
-        self._db = SqliteDatabase(path, timeout_s)
-        self.path: Path | str = self._db.path
+        self.location: StoreLocation = parse_store_location(target)
+        self._db: Database = open_database(self.location, number("timeout_s", timeout_s))
+        # The SQLite file (or ":memory:"), or the PostgreSQL URL with its password masked.
+        self.path: Path | str = (
+            Path(self.location.path)
+            if isinstance(self.location, SqliteLocation) and self.location.path != ":memory:"
+            else self.location.display
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -179,6 +241,10 @@ class Store:
     def schema_version(self) -> int:
         return self._db.schema_version()
 
+    def size_bytes(self) -> int:
+        """Bytes the store's tables and indexes take on disk."""
+        return self._db.size_bytes()
+
     # ---- transactions ----------------------------------------------------------------------
 
     def transaction(self) -> contextlib.AbstractContextManager[None]:
@@ -186,18 +252,39 @@ class Store:
 
         Nested blocks join the outer transaction as savepoints: an exception escaping an inner
         block undoes that block's writes only; one escaping the outer block undoes all. Other
-        threads' calls wait until the outermost block exits. Do not ``await`` inside.
+        threads' calls never join it (on SQLite they wait until the outermost block exits).
+        Write one experiment per transaction, and do not ``await`` inside.
         """
         return self._db.transaction()
 
-    def _writing(self, what: str) -> contextlib.AbstractContextManager[Connection]:
-        """One atomic write (a savepoint inside an open transaction); database errors named."""
-        return self._db.writing(what)
+    @contextlib.contextmanager
+    def _writing(self, what: str, experiment: str | None = None) -> Iterator[Connection]:
+        """One atomic write (a savepoint inside an open transaction); database errors named.
+
+        Naming the `experiment` written takes its write lock first and, in a `fenced` view,
+        refuses the write (`FencedError`) unless the view's epoch is still the experiment's.
+        """
+        with self._db.writing(what) as conn:
+            if experiment is not None:
+                self._db.lock_experiment(conn, experiment)
+                if self._fence is not None:
+                    self._check_fence(conn, experiment)
+            yield conn
+
+    def _check_fence(self, conn: Connection, experiment: str) -> None:
+        assert self._fence is not None
+        fenced, epoch = self._fence
+        if experiment != fenced:
+            raise StoreError(
+                f"a store fenced for experiment {fenced!r} (epoch {epoch}) cannot write "
+                f"experiment {experiment!r}"
+            )
+        lease_table.check_epoch(conn, experiment, epoch)
 
     def _reading(
         self, what: str, consistent: bool = False
     ) -> contextlib.AbstractContextManager[Connection]:
-        """Reads under the lock; `consistent` wraps several SELECTs in one read transaction."""
+        """Reads; `consistent` wraps several SELECTs in one read transaction."""
         return self._db.reading(what, consistent)
 
     # ---- experiments -----------------------------------------------------------------------
@@ -209,7 +296,7 @@ class Store:
         text("experiment", name)
         spec_json = json_object(spec, f"spec of experiment {name!r}")
         when = timestamp("at", time.time() if at is None else at)
-        with self._writing(f"upsert_experiment({name!r})") as conn:
+        with self._writing(f"upsert_experiment({name!r})", name) as conn:
             experiment_table.upsert(conn, name, spec_json, when)
 
     def experiment_names(self) -> list[str]:
@@ -219,6 +306,135 @@ class Store:
     def experiment_spec(self, name: str) -> dict[str, Any] | None:
         with self._reading("experiment_spec") as conn:
             return experiment_table.spec(conn, name)
+
+    # ---- control plane ---------------------------------------------------------------------
+
+    def submit(self, name: str, spec: Mapping[str, Any], at: float | None = None) -> bool:
+        """Add an experiment for the fleet to run (desired state running, no owner yet).
+
+        Returns False (nothing written) if it exists with this very spec: submitting twice is
+        harmless.
+
+        Raises:
+            StoreError: it exists with another spec (stop it, submit under a new name).
+        """
+        text("experiment", name)
+        spec_json = json_object(spec, f"spec of experiment {name!r}")
+        when = timestamp("at", time.time() if at is None else at)
+        with self._writing(f"submit({name!r})", name) as conn:
+            return experiment_table.submit(conn, name, spec_json, when)
+
+    def experiments(self) -> list[ExperimentRow]:
+        """Every experiment's desired state and lease, by name."""
+        with self._reading("experiments") as conn:
+            return experiment_table.rows(conn, self._db.clock(conn))
+
+    def experiment_status(self, name: str) -> ExperimentStatus:
+        """The experiment's desired state and lease, with its rounds, readings and spending.
+
+        Raises:
+            StoreError: unknown experiment.
+        """
+        with self._reading("experiment_status", consistent=True) as conn:
+            row = experiment_table.row(conn, name, self._db.clock(conn))
+            rounds, open_rounds = round_table.counts(conn, name, OPEN_STATUSES)
+            return ExperimentStatus(
+                row,
+                rounds,
+                open_rounds,
+                reading_table.count(conn, name),
+                ledger_table.totals(conn, name).spent,
+            )
+
+    def pause(self, name: str, at: float | None = None) -> bool:
+        """No new round of the experiment gets budget until `resume`; rounds in flight go on
+        and late feedback is still stored. False if it is paused already.
+
+        Raises:
+            StoreError: unknown or stopped experiment.
+        """
+        return self._set_state("pause", name, "paused", at)
+
+    def resume(self, name: str, at: float | None = None) -> bool:
+        """Run a paused experiment again. False if it is running already.
+
+        Raises:
+            StoreError: unknown or stopped experiment.
+        """
+        return self._set_state("resume", name, "running", at)
+
+    def stop(self, name: str, at: float | None = None) -> bool:
+        """Stop the experiment for good: no round of it gets budget again (`NotRunning`), no
+        replica acquires it; its history stays. False if it is stopped already.
+
+        Raises:
+            StoreError: unknown experiment.
+        """
+        return self._set_state("stop", name, "stopped", at)
+
+    def _set_state(self, verb: str, name: str, to: ExperimentState, at: float | None) -> bool:
+        text("experiment", name)
+        when = timestamp("at", time.time() if at is None else at)
+        with self._writing(f"{verb}({name!r})", name) as conn:
+            return experiment_table.set_state(conn, name, to, when)
+
+    # ---- leases and fencing ----------------------------------------------------------------
+
+    def acquire_lease(self, experiment: str, owner: str, ttl_s: float) -> Lease | None:
+        """Take the experiment's lease for `ttl_s` seconds of the database's clock, if it is
+        unowned, expired, or `owner`'s own; the epoch goes up by one. None if another owner's
+        lease is live or the experiment is stopped.
+
+        Raises:
+            StoreError: unknown experiment; a `ttl_s` that is not a positive number.
+        """
+        text("owner", owner)
+        ttl = _ttl(ttl_s)
+        with self._writing(f"acquire_lease({experiment!r})", experiment) as conn:
+            return lease_table.acquire(conn, experiment, owner, ttl, self._db.clock(conn))
+
+    def renew_lease(self, experiment: str, owner: str, epoch: int, ttl_s: float) -> Lease:
+        """Extend `owner`'s lease to `ttl_s` from now (the database's clock); the returned
+        lease carries the desired state, so the heartbeat also hears pause and stop.
+
+        Raises:
+            FencedError: the lease was lost (another owner or epoch holds it).
+            StoreError: unknown experiment; a bad `ttl_s`.
+        """
+        text("owner", owner)
+        epoch = integer("epoch", epoch)
+        ttl = _ttl(ttl_s)
+        with self._writing(f"renew_lease({experiment!r})", experiment) as conn:
+            return lease_table.renew(conn, experiment, owner, epoch, ttl, self._db.clock(conn))
+
+    def release_lease(self, experiment: str, owner: str, epoch: int) -> bool:
+        """Give the lease up so another replica may take the experiment at once. False
+        (nothing written) if it is not `owner`'s of this epoch any more."""
+        text("owner", owner)
+        epoch = integer("epoch", epoch)
+        with self._writing(f"release_lease({experiment!r})", experiment) as conn:
+            return lease_table.release(conn, experiment, owner, epoch)
+
+    def claimable(self, limit: int | None = None) -> list[str]:
+        """Experiments a replica may `acquire_lease` now: not stopped, unowned or expired by the
+        database's clock; those waiting longest first. Another replica may take one first:
+        `acquire_lease` decides."""
+        cap = None if limit is None else integer("limit", limit)
+        with self._reading("claimable") as conn:
+            return lease_table.claimable(conn, self._db.clock(conn), cap)
+
+    def fenced(self, experiment: str, epoch: int) -> FencedStore:
+        """A view of this store whose writes of `experiment` carry `epoch`.
+
+        It has every method of `Store` with the same arguments, so the code that runs an
+        experiment takes it in place of the store and passes its epoch nowhere else. Each write
+        of the experiment checks, in its own transaction and under the experiment's write
+        lock, that `epoch` is still the experiment's, and raises `FencedError` (nothing
+        written) once another replica has acquired it. Writes of another experiment are
+        refused; reads and dead letters without an experiment pass through. The view shares
+        this store's connections: closing it leaves the store open.
+        """
+        return FencedStore(self, text("experiment", experiment), integer("epoch", epoch))
 
     # ---- rounds ----------------------------------------------------------------------------
 
@@ -254,7 +470,7 @@ class Store:
         at = timestamp("at", at)
         expires = None if expires_at is None else timestamp("expires_at", expires_at)
         where = f"add_round({experiment!r}, round {round})"
-        with self._writing(where) as conn:
+        with self._writing(where, experiment) as conn:
             return round_table.add(
                 conn, where, experiment, round, action_id, values, targets, cost, kind, at, expires
             )
@@ -267,7 +483,7 @@ class Store:
         """
         round = integer("round", round)
         values = node_values("applied", applied)
-        with self._writing(f"set_applied({experiment!r}, round {round})") as conn:
+        with self._writing(f"set_applied({experiment!r}, round {round})", experiment) as conn:
             round_table.set_applied(conn, experiment, round, values)
 
     def set_expires_at(self, experiment: str, round: int, expires_at: float) -> bool:
@@ -282,7 +498,7 @@ class Store:
         round = integer("round", round)
         expires = timestamp("expires_at", expires_at)
         where = f"set_expires_at({experiment!r}, round {round})"
-        with self._writing(where) as conn:
+        with self._writing(where, experiment) as conn:
             return round_table.set_expires_at(conn, where, experiment, round, expires)
 
     def set_round_status(
@@ -302,7 +518,7 @@ class Store:
         at = timestamp("at", at)
         if reason is not None and not isinstance(reason, str):
             raise StoreError(f"reason must be a string or None, got {type(reason).__name__}")
-        with self._writing(f"set_round_status({experiment!r}, round {round})") as conn:
+        with self._writing(f"set_round_status({experiment!r}, round {round})", experiment) as conn:
             return round_table.set_status(conn, experiment, round, RoundStatus(status), at, reason)
 
     def bump_attempt(self, experiment: str, round: int) -> int:
@@ -314,7 +530,7 @@ class Store:
             IllegalTransition: the round is acked or finished, so it is not published again.
         """
         round = integer("round", round)
-        with self._writing(f"bump_attempt({experiment!r}, round {round})") as conn:
+        with self._writing(f"bump_attempt({experiment!r}, round {round})", experiment) as conn:
             return round_table.bump_attempt(conn, experiment, round)
 
     def rounds(self, experiment: str) -> list[RoundRow]:
@@ -357,7 +573,9 @@ class Store:
         text("device_id", device_id)
         received_at = timestamp("received_at", received_at)
         measured = None if measured_at is None else timestamp("measured_at", measured_at)
-        with self._writing(f"add_reading({experiment!r}, round {round}, {node!r})") as conn:
+        with self._writing(
+            f"add_reading({experiment!r}, round {round}, {node!r})", experiment
+        ) as conn:
             return reading_table.add(
                 conn, experiment, round, node, value, seq, device_id, received_at, measured
             )
@@ -397,7 +615,7 @@ class Store:
         optimum = number("optimum", optimum)
         at = timestamp("at", at)
         where = f"add_oracle({experiment!r}, round {round})"
-        with self._writing(where) as conn:
+        with self._writing(where, experiment) as conn:
             return reading_table.add_oracle(
                 conn, where, experiment, round, action_id, expected_reward, optimum, at
             )
@@ -418,12 +636,14 @@ class Store:
     ) -> bool:
         """Reserve `amount` of the budget for a round, before its action is published.
 
-        The check and the insert are one transaction, so concurrent reservers (threads,
-        processes) never jointly overspend. `budget_total` None means no limit (still recorded).
-        Returns False (nothing written) if the round already holds this same reservation.
+        The check and the insert are one transaction under the experiment's write lock, so
+        concurrent reservers (threads, processes, replicas) never jointly overspend.
+        `budget_total` None means no limit (still recorded). Returns False (nothing written)
+        if the round already holds this same reservation.
 
         Raises:
             BudgetExceeded: settled + reserved + amount > budget_total; nothing is written.
+            NotRunning: the experiment is paused or stopped (`pause`, `stop`); nothing written.
             IllegalTransition: the round's entry is settled, released or of another amount.
             StoreError: unknown round; negative or non-finite amount.
         """
@@ -431,7 +651,7 @@ class Store:
         amount = number("amount", amount, nonneg=True)
         limit = None if budget_total is None else number("budget_total", budget_total, nonneg=True)
         at = timestamp("at", at)
-        with self._writing(f"reserve({experiment!r}, round {round})") as conn:
+        with self._writing(f"reserve({experiment!r}, round {round})", experiment) as conn:
             return ledger_table.reserve(conn, experiment, round, amount, limit, at)
 
     def settle(self, experiment: str, round: int, at: float) -> bool:
@@ -463,7 +683,7 @@ class Store:
         """
         round = integer("round", round)
         at = timestamp("at", at)
-        with self._writing(f"charge({experiment!r}, round {round})") as conn:
+        with self._writing(f"charge({experiment!r}, round {round})", experiment) as conn:
             return ledger_table.charge(conn, experiment, round, at)
 
     def ledger(self, experiment: str) -> LedgerTotals:
@@ -480,7 +700,7 @@ class Store:
     ) -> bool:
         round = integer("round", round)
         at = timestamp("at", at)
-        with self._writing(f"{verb}({experiment!r}, round {round})") as conn:
+        with self._writing(f"{verb}({experiment!r}, round {round})", experiment) as conn:
             return ledger_table.move(conn, experiment, round, to, at)
 
     # ---- snapshots -------------------------------------------------------------------------
@@ -506,7 +726,7 @@ class Store:
         }
         meta_json = json_object(meta, f"snapshot meta of experiment {experiment!r}")
         when = timestamp("at", time.time() if at is None else at)
-        with self._writing(f"save_snapshot({experiment!r})") as conn:
+        with self._writing(f"save_snapshot({experiment!r})", experiment) as conn:
             experiment_table.require(conn, experiment)
             return snapshot_table.save(
                 conn, experiment, upto, blobs, meta_json, when, self.keep_snapshots
@@ -543,7 +763,7 @@ class Store:
                 raise StoreError(f"dead letter {name} must be a string, got {type(value).__name__}")
         at = timestamp("at", at)
         kept = data[: self.dead_letter_payload_limit]
-        with self._writing(f"add_dead_letter({experiment!r})") as conn:
+        with self._writing(f"add_dead_letter({experiment!r})", experiment) as conn:
             return dead_letter_table.add(
                 conn,
                 experiment,
@@ -580,3 +800,36 @@ class Store:
             experiment_table.require(conn, experiment)
             tables = export_files.read_tables(conn, experiment)
         return export_files.write_tables(directory, experiment, fmt, tables)
+
+
+class FencedStore(Store):
+    """`Store.fenced`'s view: the store it was made from, with every write of one experiment
+    fenced by a lease epoch."""
+
+    def __init__(self, store: Store, experiment: str, epoch: int) -> None:  # no super(): a view
+        self.__dict__.update(vars(store))
+        self._fence = (experiment, epoch)
+
+    @property
+    def experiment(self) -> str:
+        assert self._fence is not None
+        return self._fence[0]
+
+    @property
+    def epoch(self) -> int:
+        assert self._fence is not None
+        return self._fence[1]
+
+    def close(self) -> None:
+        """Nothing: the store this view was made from owns the connections."""
+
+    def __repr__(self) -> str:
+        return f"FencedStore({str(self.path)!r}, {self.experiment!r}, epoch {self.epoch})"
+
+
+def _ttl(ttl_s: float) -> float:
+    """A lease TTL: a positive number of seconds."""
+    ttl = number("ttl_s", ttl_s)
+    if ttl <= 0:
+        raise StoreError(f"ttl_s must be > 0, got {ttl!r}")
+    return ttl

@@ -2,7 +2,8 @@
 published, then settled (on ack) or released (on reject or expiry).
 
 Spent means reserved (outstanding) + settled; `reserve` checks and inserts in the caller's one
-transaction, so concurrent reservers never jointly overspend. `charge` settles whatever the
+transaction, under the experiment's write lock, so concurrent reservers never jointly overspend;
+it gives nothing to an experiment that is paused or stopped. `charge` settles whatever the
 budget: the action was applied after all. Sums are exactly rounded (`math.fsum`).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Final, Literal, get_args
 
-from connectors.store import rounds
+from connectors.store import experiments, rounds
 from connectors.store.errors import BudgetExceeded, IllegalTransition
 from connectors.store.rows import LEDGER_COLUMNS, LedgerRow, LedgerTotals
 from connectors.store.sql import Connection
@@ -42,8 +43,12 @@ def reserve(
 ) -> bool:
     """Reserve `amount` for the round; False (nothing written) if it holds this reservation.
 
+    Run it under the experiment's write lock (`Database.lock_experiment`): the sum and the
+    insert must not interleave with another reserver's.
+
     Raises:
         BudgetExceeded: settled + reserved + amount > budget_total; nothing is written.
+        NotRunning: the experiment is paused or stopped; nothing is written.
         IllegalTransition: the round's entry is settled, released or of another amount.
         StoreError: unknown round.
     """
@@ -56,6 +61,7 @@ def reserve(
             "ledger", experiment, round, f"{state} {had!r}", f"reserved {amount!r}"
         )
     rounds.require(conn, experiment, round)
+    experiments.require_running(conn, experiment, round)
     if budget_total is not None:
         amounts = spent(conn, experiment)
         if math.fsum((*amounts, amount)) > budget_total:

@@ -13,7 +13,7 @@ from connectors.store.errors import StoreError
 from connectors.store.rows import ORACLE_COLUMNS, READING_COLUMNS, OracleRow, ReadingRow
 from connectors.store.sql import Connection
 
-__all__ = ["add", "add_oracle", "last_id", "newest_id", "oracles", "select"]
+__all__ = ["add", "add_oracle", "count", "last_id", "newest_id", "oracles", "select"]
 
 
 def add(
@@ -54,6 +54,15 @@ def last_id(conn: Connection, experiment: str) -> int:
         "SELECT max(id) FROM readings WHERE experiment = ?", (experiment,)
     ).fetchone()
     return int(row[0] or 0)
+
+
+def count(conn: Connection, experiment: str) -> int:
+    """How many readings the experiment has."""
+    return int(
+        conn.execute(
+            "SELECT count(*) FROM readings WHERE experiment = ?", (experiment,)
+        ).fetchone()[0]
+    )
 
 
 def newest_id(conn: Connection) -> int:

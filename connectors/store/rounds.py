@@ -26,6 +26,7 @@ __all__ = [
     "action_of",
     "add",
     "bump_attempt",
+    "counts",
     "get",
     "require",
     "select",
@@ -203,6 +204,17 @@ def select(conn: Connection, experiment: str, statuses: Sequence[str]) -> list[R
         (experiment, *(str(status) for status in statuses)),
     ).fetchall()
     return [round_row(r) for r in rows]
+
+
+def counts(conn: Connection, experiment: str, open_statuses: Sequence[str]) -> tuple[int, int]:
+    """(every round, the rounds in `open_statuses`) of the experiment."""
+    marks = ", ".join("?" * len(open_statuses))
+    total, still_open = conn.execute(
+        f"SELECT count(*), coalesce(sum(CASE WHEN status IN ({marks}) THEN 1 ELSE 0 END), 0) "
+        "FROM rounds WHERE experiment = ?",
+        (*(str(status) for status in open_statuses), experiment),
+    ).fetchone()
+    return int(total), int(still_open)
 
 
 def get(conn: Connection, experiment: str, round: int) -> RoundRow | None:

@@ -19,11 +19,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
+    "EXPERIMENT_COLUMNS",
     "LEDGER_COLUMNS",
     "ORACLE_COLUMNS",
     "READING_COLUMNS",
     "ROUND_COLUMNS",
     "DeadLetterRow",
+    "ExperimentRow",
+    "ExperimentStatus",
+    "Lease",
     "LedgerRow",
     "LedgerTotals",
     "OracleRow",
@@ -32,6 +36,42 @@ __all__ = [
     "Snapshot",
     "round_row",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentRow:
+    """An experiment's control row: the desired state and the lease."""
+
+    name: str
+    state: str  # running, paused or stopped (experiments.EXPERIMENT_STATES)
+    owner: str | None  # the replica holding the lease; None when released or never taken
+    epoch: int  # bumped by every acquisition: writes carrying an older one are refused
+    lease_expires_at: float | None  # the database's clock, unix seconds
+    updated_at: float  # when the spec was written
+    state_at: float | None  # when the state last changed (None: running since version 2)
+    leased: bool  # an owner holds an unexpired lease, by the database's clock at the read
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentStatus:
+    """An experiment's control row with its progress."""
+
+    experiment: ExperimentRow
+    rounds: int
+    open_rounds: int  # proposed, published or acked
+    readings: int
+    spent: float  # reserved + settled budget
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A replica's hold on an experiment, as granted or renewed."""
+
+    experiment: str
+    owner: str
+    epoch: int  # pass it with every write (`Store.fenced`): a newer owner's epoch fences this
+    expires_at: float  # the database's clock, unix seconds; renew well before
+    state: str  # the desired state at the grant: how the control plane reaches the owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +173,11 @@ LEDGER_COLUMNS: Final = (
     "experiment, round, amount, state, budget_total, reserved_at, settled_at, released_at"
 )
 DEAD_LETTER_COLUMNS: Final = "id, experiment, topic, reason, detail, payload, payload_size, at"
+# The last column, `leased`, compares the expiry with a `now` parameter that comes first.
+EXPERIMENT_COLUMNS: Final = (
+    "name, state, owner, epoch, lease_expires_at, updated_at, state_at, "
+    "(owner IS NOT NULL AND lease_expires_at > ?)"
+)
 
 
 def round_row(row: Sequence[Any]) -> RoundRow:

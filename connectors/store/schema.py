@@ -1,155 +1,47 @@
-"""Schema of the SQLite store and its forward migrations, run by `connection.SqliteDatabase`.
+"""What the two backends' schemas share: the numbered versions, and the values their CHECK
+constraints allow.
 
-The schema version lives in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
-a cbo-agent store so that another program's SQLite file is refused instead of altered. Each
-migration takes the database from version ``i`` to ``i + 1`` and runs, together with the bump of
-``user_version``, in one transaction: a migration that fails leaves the file as it was.
-
-To change the schema, append a migration (never edit one that has shipped) and the code opens
-old files by running the missing steps in order; a file newer than the code is refused.
+Each backend writes its own DDL (`sqlite_schema.MIGRATIONS`, `postgres_schema.MIGRATIONS`):
+``MIGRATIONS[i]`` takes a store from version ``i`` to ``i + 1``, the same logical change in
+both, so a version number means the same tables and columns whichever database holds them
+(tests/test_connectors_store.py checks that both lists have one entry per `VERSIONS`). To change
+the schema, append a version here and a migration to both lists; never edit one that shipped.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Final
 
-APPLICATION_ID: Final = 0x4342_4F41  # "CBOA"
+__all__ = [
+    "EXPERIMENT_STATES",
+    "LEDGER_STATES",
+    "ROUND_STATUSES",
+    "VERSIONS",
+    "in_list",
+    "schema_version",
+]
 
-# The values migration 1's CHECK constraints allow, frozen with it (its DDL text is in every
-# store file). The code's lists are `rounds.RoundStatus` and `ledger.LEDGER_STATES`; a test keeps
-# them equal.
+# What each version adds, in order: VERSIONS[i] is version i + 1 (the PostgreSQL migrations
+# table records it beside the number).
+VERSIONS: Final = (
+    "initial schema: experiments, rounds, readings, oracle, ledger, snapshots, dead letters",
+    "rounds: what a device applied, and the action's expiry",
+    "experiments: desired state (running, paused, stopped) and lease (owner, epoch, expiry)",
+)
+
+# The values the CHECK constraints allow, frozen with the migration that wrote them (its DDL
+# text is in every store). The code's lists are `rounds.RoundStatus`, `ledger.LEDGER_STATES`
+# and `experiments.EXPERIMENT_STATES`; a test keeps them equal.
 ROUND_STATUSES: Final = ("proposed", "published", "acked", "rejected", "closed", "expired")
 LEDGER_STATES: Final = ("reserved", "settled", "released")
-
-
-def _in(values: tuple[str, ...]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
-# Version 1: the initial schema. Statements run one by one (not executescript, which would commit
-# the migration's transaction half way).
-_V1: Final[tuple[str, ...]] = (
-    """
-    CREATE TABLE experiments (
-        name TEXT PRIMARY KEY,
-        spec TEXT NOT NULL,                          -- JSON object
-        updated_at REAL NOT NULL
-    )
-    """,
-    f"""
-    CREATE TABLE rounds (
-        experiment TEXT NOT NULL REFERENCES experiments(name),
-        round INTEGER NOT NULL CHECK (round >= 0),
-        action_id TEXT NOT NULL UNIQUE,
-        intervention TEXT NOT NULL,                  -- JSON object node -> value
-        target_set TEXT NOT NULL,                    -- JSON list of node names
-        cost REAL NOT NULL CHECK (cost >= 0),
-        kind TEXT NOT NULL,
-        status TEXT NOT NULL CHECK (status IN {_in(ROUND_STATUSES)}),
-        attempt INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
-        reason TEXT,
-        proposed_at REAL NOT NULL,
-        status_at REAL NOT NULL,
-        PRIMARY KEY (experiment, round)
-    ) WITHOUT ROWID
-    """,
-    """
-    CREATE TABLE readings (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,        -- arrival order; never reused
-        experiment TEXT NOT NULL,
-        round INTEGER NOT NULL,
-        node TEXT NOT NULL,
-        value REAL NOT NULL,
-        seq INTEGER NOT NULL CHECK (seq >= 0),
-        device_id TEXT NOT NULL,
-        measured_at REAL,
-        received_at REAL NOT NULL,
-        UNIQUE (experiment, device_id, node, seq),
-        FOREIGN KEY (experiment, round) REFERENCES rounds(experiment, round)
-    )
-    """,
-    "CREATE INDEX readings_by_experiment ON readings(experiment, id)",
-    "CREATE INDEX readings_by_round ON readings(experiment, round)",
-    """
-    CREATE TABLE oracle (
-        experiment TEXT NOT NULL,
-        round INTEGER NOT NULL,
-        action_id TEXT NOT NULL,
-        expected_reward REAL NOT NULL,
-        optimum REAL NOT NULL,
-        at REAL NOT NULL,
-        PRIMARY KEY (experiment, round),
-        FOREIGN KEY (experiment, round) REFERENCES rounds(experiment, round)
-    ) WITHOUT ROWID
-    """,
-    f"""
-    CREATE TABLE ledger (
-        experiment TEXT NOT NULL,
-        round INTEGER NOT NULL,
-        amount REAL NOT NULL CHECK (amount >= 0),
-        state TEXT NOT NULL CHECK (state IN {_in(LEDGER_STATES)}),
-        budget_total REAL,                           -- the limit checked at reservation
-        reserved_at REAL NOT NULL,
-        settled_at REAL,
-        released_at REAL,
-        PRIMARY KEY (experiment, round),
-        FOREIGN KEY (experiment, round) REFERENCES rounds(experiment, round)
-    ) WITHOUT ROWID
-    """,
-    """
-    CREATE TABLE snapshots (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        experiment TEXT NOT NULL REFERENCES experiments(name),
-        upto_reading_id INTEGER NOT NULL CHECK (upto_reading_id >= 0),
-        meta TEXT NOT NULL,                          -- JSON object
-        created_at REAL NOT NULL
-    )
-    """,
-    "CREATE INDEX snapshots_by_experiment ON snapshots(experiment, id)",
-    """
-    CREATE TABLE snapshot_arrays (
-        snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
-        name TEXT NOT NULL,
-        npy BLOB NOT NULL,                           -- np.save(..., allow_pickle=False)
-        PRIMARY KEY (snapshot_id, name)
-    ) WITHOUT ROWID
-    """,
-    """
-    CREATE TABLE dead_letters (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        experiment TEXT,                             -- NULL when no experiment could be told
-        topic TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        detail TEXT NOT NULL,
-        payload BLOB NOT NULL,                       -- possibly truncated, see payload_size
-        payload_size INTEGER NOT NULL,
-        at REAL NOT NULL
-    )
-    """,
-    "CREATE INDEX dead_letters_by_experiment ON dead_letters(experiment, id)",
-)
-
-# Version 2: what a device reported it applied (an ack's `applied`, when it differs from the
-# proposal: recovery replays it), and when the agent gives up on a round's action (protocol
-# `expires_at`). Rows of version 1 have neither (NULL): applied as proposed, no expiry sent.
-_V2: Final[tuple[str, ...]] = (
-    "ALTER TABLE rounds ADD COLUMN applied TEXT",  # JSON object node -> value, or NULL
-    "ALTER TABLE rounds ADD COLUMN expires_at REAL",  # unix seconds, or NULL
-)
-
-# MIGRATIONS[i] takes user_version i to i + 1.
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2]
+EXPERIMENT_STATES: Final = ("running", "paused", "stopped")  # version 3
 
 
 def schema_version() -> int:
-    """The version this code writes: the number of migrations."""
-    return len(MIGRATIONS)
+    """The version this code writes: the number of versions."""
+    return len(VERSIONS)
 
 
-def run_migration(conn: sqlite3.Connection, statements: tuple[str, ...], to_version: int) -> None:
-    """Run one migration's statements and set user_version; the caller owns the transaction."""
-    for statement in statements:
-        conn.execute(statement)
-    conn.execute(f"PRAGMA user_version = {int(to_version)}")
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+def in_list(values: tuple[str, ...]) -> str:
+    """SQL ``('a', 'b')`` for a CHECK constraint (the values are the constants above)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"

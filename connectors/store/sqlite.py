@@ -1,10 +1,12 @@
-"""The SQLite side of the store: open the file, set its PRAGMAs, migrate it, and run every read
-and write under one lock and one transaction discipline.
+"""The SQLite backend of the store: open the file, set its PRAGMAs, migrate it, and run every
+read and write under one lock and one transaction discipline.
 
 `SqliteDatabase` owns the one `sqlite3.Connection` of a `Store`; the table modules see that
 connection only inside `writing` (an atomic write) or `reading` (reads under the lock). See the
-`connectors.store` docstring for what durability and thread safety this buys, and `sql` for
-what the table modules may assume of the connection.
+`connectors.store` docstring for what durability and thread safety this buys, `sql` for what
+the table modules may assume of the connection, and `database.Database` for what `Store` asks of
+a backend. Every write transaction starts with ``BEGIN IMMEDIATE``, which takes the file's one
+write lock: writers of every process are serialized, so `lock_experiment` has nothing to add.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from connectors.store import schema
+from connectors.store import sqlite_schema as schema
 from connectors.store.errors import StoreError
+from connectors.store.location import MEMORY, SqliteLocation
 
 __all__ = ["SqliteDatabase"]
 
@@ -43,9 +47,10 @@ class SqliteDatabase:
             or WAL mode cannot be enabled on it.
     """
 
-    def __init__(self, path: str | Path, timeout_s: float) -> None:
-        self._memory = str(path) == ":memory:"
-        self.path: Path | str = ":memory:" if self._memory else Path(path)
+    def __init__(self, location: SqliteLocation, timeout_s: float) -> None:
+        self.location = location
+        self._memory = str(location.path) == MEMORY
+        self.path: Path | str = MEMORY if self._memory else Path(location.path)
         self._lock = threading.RLock()
         self._depth = 0
         self._owner_task: asyncio.Task[Any] | None = None
@@ -85,7 +90,7 @@ class SqliteDatabase:
         conn.execute("PRAGMA trusted_schema = OFF")
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        target = schema.schema_version()
+        target = len(schema.MIGRATIONS)
         if self._header_ok(conn, target):
             return
         conn.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another opener may race
@@ -145,6 +150,23 @@ class SqliteDatabase:
     def schema_version(self) -> int:
         with self.reading("schema_version") as conn:
             return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        """Bytes the database's pages take, free pages included (what the file grows to once
+        the WAL is checkpointed into it; the WAL itself is cut back to `WAL_SIZE_LIMIT`)."""
+        with self.reading("size_bytes") as conn:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            return int(pages) * int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+    # ---- what the store asks of a backend besides transactions -------------------------------
+
+    def lock_experiment(self, conn: sqlite3.Connection, experiment: str) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already holds the file's one write lock."""
+
+    def clock(self, conn: sqlite3.Connection) -> float:
+        """The database's clock, unix seconds: this machine's, the one every process sharing
+        the file reads (an SQLite file is not shared across machines)."""
+        return time.time()
 
     # ---- transactions ------------------------------------------------------------------------
 
