@@ -1,4 +1,5 @@
-"""Shared fixtures: real brokers started per test (never the machine's broker on port 1883)."""
+"""Shared fixtures: real brokers started per test (never the machine's broker on port 1883), and
+a store on each backend (a scratch PostgreSQL database per test, never a shared one)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import structlog
 
 from tests.brokers import MosquittoBroker, MosquittoOptions, find_mosquitto
+from tests.stores import postgres_unavailable, scratch_database
 
 
 @pytest.fixture(autouse=True)
@@ -47,3 +49,23 @@ def mosquitto_factory(tmp_path: Path) -> Iterator[Callable[..., MosquittoBroker]
     yield start
     for broker in started:
         broker.stop()
+
+
+@pytest.fixture
+def postgres_target() -> Iterator[str]:
+    """A scratch PostgreSQL database's URL, created for the test and dropped after it; the test
+    is skipped, saying why, only when no PostgreSQL server can be reached or started."""
+    reason = postgres_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with scratch_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's store lives, once per backend: an SQLite file in tmp_path, then a scratch
+    PostgreSQL database (`postgres_target`)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    return str(request.getfixturevalue("postgres_target"))
