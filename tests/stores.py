@@ -187,10 +187,13 @@ class StoreChild:
         self.process.stdin.flush()
 
     def finish(self, timeout_s: float = 30) -> list[str]:
-        """Wait for a clean exit; the protocol lines it printed since the last one read."""
-        out, _ = self.process.communicate(timeout=timeout_s)
-        assert self.process.returncode == 0, self.log.read_text()
-        return [line[2:].strip() for line in out.splitlines() if line.startswith("@ ")]
+        """Close its stdin, wait for a clean exit; the protocol lines it printed since the last
+        one `next_line` read (through the same buffered stream, as `kill9` explains)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        rest = self.process.stdout.read()
+        assert self.process.wait(timeout=timeout_s) == 0, self.log.read_text()
+        return [line[2:].strip() for line in rest.splitlines() if line.startswith("@ ")]
 
     def kill9(self) -> list[str]:
         """SIGKILL the child; return the rest of the protocol lines it printed before dying.

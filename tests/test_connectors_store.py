@@ -371,34 +371,39 @@ for i in range(1_000_000):
 """
 
 
-# Two processes reserve rounds of one experiment at once, each its own half of the rounds.
+# Two processes reserve rounds of the same experiments at once, each its own half of the
+# rounds, in the same order: every experiment's budget runs out while both are reserving.
 RESERVE_RACE = """
 import sys
 from connectors.store import BudgetExceeded, Store
 store, half = Store(sys.argv[1]), int(sys.argv[2])
 print("@ ready", flush=True)
 input()  # both start together
-for r in range(half * 40, half * 40 + 40):
-    try:
-        store.reserve("toy-chain", r, 0.5, 12.0, 1.0)
-        print("@ ok", r, flush=True)
-    except BudgetExceeded:
-        print("@ refused", r, flush=True)
+for r in range(8):
+    for e in range(10):
+        try:
+            store.reserve(f"e{e}", 2 * r + half, 0.5, 3.0, 1.0)
+            print("@ ok", e, flush=True)
+        except BudgetExceeded:
+            print("@ refused", e, flush=True)
 """
 
 
 def test_two_processes_reserving_at_once_never_overspend(db: str, tmp_path: Path) -> None:
     with Store(db) as setup:
-        setup.upsert_experiment(EXP, {})
-        add_rounds(setup, 80)
+        for e in range(10):
+            setup.upsert_experiment(f"e{e}", {})
+            add_rounds(setup, 16, f"e{e}")
     children = [StoreChild(RESERVE_RACE, db, tmp_path / f"child{k}.err", str(k)) for k in (0, 1)]
     assert [child.next_line() for child in children] == ["ready", "ready"]
     for child in children:
         child.send("go")
-    outcomes = [line.split()[0] for child in children for line in child.finish()]
-    assert len(outcomes) == 80 and outcomes.count("ok") == 24  # 24 * 0.5 = the budget of 12
+    outcomes = [line.split() for child in children for line in child.finish()]
+    assert len(outcomes) == 160
     with Store(db) as store:
-        assert store.ledger(EXP).spent == 12.0 and len(store.ledger_entries(EXP)) == 24
+        for e in range(10):  # 6 reservations of 0.5 make each budget of 3
+            assert [o for o, exp in outcomes if exp == str(e)].count("ok") == 6
+            assert store.ledger(f"e{e}").spent == 3.0
 
 
 def test_a_reservation_survives_sigkill_between_reserve_and_settle(db: str, tmp_path: Path) -> None:
