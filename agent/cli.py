@@ -209,7 +209,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
-    from connectors.store import Store, StoreError
+    from connectors.store import SqliteLocation, Store, StoreError, parse_store_location
 
     # the same store as `run`: --store > CBO_STORE_PATH > store.path of --config > default
     try:
@@ -217,8 +217,9 @@ def _export(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"cbo-agent export: configuration: {error}", file=sys.stderr)
         return 2
-    if not Path(path).is_file():  # opening it would create an empty store
-        print(
+    location = parse_store_location(path)  # valid: the configuration checked it
+    if isinstance(location, SqliteLocation) and not Path(location.path).is_file():
+        print(  # opening it would create an empty store
             f"cbo-agent export: no store at {path} (set --store, CBO_STORE_PATH or store.path)",
             file=sys.stderr,
         )
@@ -228,7 +229,7 @@ def _export(args: argparse.Namespace) -> int:
             if args.experiment not in store.experiment_names():
                 known = ", ".join(store.experiment_names()) or "none"
                 print(
-                    f"cbo-agent export: no experiment {args.experiment!r} in {path} "
+                    f"cbo-agent export: no experiment {args.experiment!r} in {store.path} "
                     f"(known: {known})",
                     file=sys.stderr,
                 )
@@ -358,7 +359,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument("experiment", help="the experiment's name")
     export.add_argument(
-        "--store", help="the agent's store (default: CBO_STORE_PATH, --config, cbo-agent.sqlite)"
+        "--store",
+        help="the agent's store: a path, sqlite:///path or postgresql://... "
+        "(default: CBO_STORE_PATH, --config, cbo-agent.sqlite)",
     )
     export.add_argument("--config", help="the agent's YAML configuration file (its store.path)")
     export.add_argument(
@@ -415,7 +418,11 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz, /readyz")
     run.add_argument("--metrics-host", help="address the metrics server binds (127.0.0.1)")
-    run.add_argument("--store", help="SQLite store path")
+    run.add_argument(
+        "--store",
+        help="the store: a path or sqlite:///path (SQLite; default cbo-agent.sqlite), or "
+        "postgresql://user@host:5432/database (PostgreSQL)",
+    )
     run.add_argument("--agent-id", help="MQTT client id and status-topic name")
     run.add_argument(
         "--keep-serving",

@@ -15,7 +15,7 @@ Environment variables (all optional):
 | CBO_BROKER_CONNECT_TIMEOUT_S | broker.connect_timeout_s (give up without a broker after this) |
 | CBO_TOPIC_PREFIX | topic_prefix |
 | CBO_METRICS_HOST / CBO_METRICS_PORT | metrics.host / metrics.port |
-| CBO_STORE_PATH | store.path |
+| CBO_STORE_PATH | store.path (a path or sqlite:///path; postgresql://user@host/db for fleets) |
 | CBO_LOG_LEVEL / CBO_LOG_FORMAT | log.level / log.format |
 | CBO_DEVICE | device (cpu, cuda, cuda:1, ...: where the GPs live) |
 | CBO_KEEP_SERVING | keep_serving (true/false: stay up once every experiment has finished) |
@@ -47,6 +47,8 @@ from pydantic import (
 )
 
 from connectors.mqtt import BrokerConfig
+from connectors.store.errors import StoreError
+from connectors.store.location import parse_store_location
 from core.plain_errors import plain_problems
 
 
@@ -236,7 +238,18 @@ class MetricsSection(_Section):
 
 
 class StoreSection(_Section):
+    # A path or sqlite:///path (SQLite), or postgresql://... (PostgreSQL, for fleets):
+    # connectors/store/location.py parses it, here already, so a typo fails at startup.
     path: str = "cbo-agent.sqlite"
+
+    @field_validator("path")
+    @classmethod
+    def _a_store(cls, value: str) -> str:
+        try:
+            parse_store_location(value)
+        except StoreError as error:
+            raise ValueError(str(error)) from None
+        return value
 
 
 class LogSection(_Section):

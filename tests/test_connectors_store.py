@@ -10,6 +10,7 @@ import csv
 import importlib.util
 import math
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -29,9 +30,12 @@ from connectors.store import (
     ROUND_TRANSITIONS,
     BudgetExceeded,
     IllegalTransition,
+    PostgresLocation,
     RoundStatus,
+    SqliteLocation,
     Store,
     StoreError,
+    parse_store_location,
     postgres_schema,
     schema,
     sqlite_schema,
@@ -71,6 +75,57 @@ def store(db: Path) -> Iterator[Store]:
 def add_rounds(store: Store, n: int, experiment: str = EXP, cost: float = 1.0) -> None:
     for r in range(n):
         store.add_round(experiment, r, f"{experiment}-a{r}", {"X": r / 2}, ["X"], cost, "hard", r)
+
+
+# ---- locations ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "where"),
+    [
+        ("agent.sqlite", SqliteLocation, Path("agent.sqlite")),
+        ("/var/lib/cbo/agent.sqlite", SqliteLocation, Path("/var/lib/cbo/agent.sqlite")),
+        ("notes:v2.sqlite", SqliteLocation, Path("notes:v2.sqlite")),  # a colon, no URL
+        (":memory:", SqliteLocation, ":memory:"),
+        ("sqlite:///var/lib/cbo/agent.sqlite", SqliteLocation, Path("/var/lib/cbo/agent.sqlite")),
+        ("sqlite:////var/lib/agent.sqlite", SqliteLocation, Path("/var/lib/agent.sqlite")),
+        ("sqlite:data/agent.sqlite", SqliteLocation, Path("data/agent.sqlite")),
+        ("sqlite::memory:", SqliteLocation, ":memory:"),
+        ("postgresql://cbo@db:5432/fleet", PostgresLocation, "postgresql://cbo@db:5432/fleet"),
+        (
+            "postgres://db/fleet?sslmode=require",
+            PostgresLocation,
+            "postgres://db/fleet?sslmode=require",
+        ),
+    ],
+)
+def test_a_store_is_named_by_a_path_or_a_url(target: str, kind: type, where: object) -> None:
+    location = parse_store_location(target)
+    assert isinstance(location, kind)
+    assert (location.path if isinstance(location, SqliteLocation) else location.conninfo) == where
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("mysql://root:hunter2@db/x", "unknown store scheme 'mysql' in 'mysql://root:***@db/x'"),
+        ("sqlite://db-host/agent.sqlite", "a local file, not on host 'db-host'"),
+        ("sqlite:///", "name a file"),
+        ("postgresql:fleet", "write postgresql://user@host:port/database"),
+        ("postgresql://cbo:hunter2@db:port/fleet", "'postgresql://cbo:***@db:port/fleet'"),
+        ("", "store must be a path"),
+    ],
+)
+def test_a_bad_store_name_is_one_line_without_its_password(target: str, message: str) -> None:
+    with pytest.raises(StoreError, match=re.escape(message)) as refused:
+        parse_store_location(target)
+    assert "hunter2" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_postgres_password_is_masked_wherever_the_store_is_shown() -> None:
+    location = parse_store_location("postgresql://cbo:hunter2@db:5432/fleet?sslmode=require")
+    assert isinstance(location, PostgresLocation)
+    assert location.display == "postgresql://cbo:***@db:5432/fleet?sslmode=require"
 
 
 # ---- round trips ----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`cbo-agent export`: Parquet that reads back as the CSV export, and the store `run` uses."""
+"""`cbo-agent export`: Parquet that reads back as the CSV export, from either backend, and the
+store `run` uses."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.test_agent_join import ack, chain_spec, reading
 EXPERIMENT = "join"
 
 
-def filled_store(path: Path) -> Path:
+def filled_store(path: Path | str) -> Path | str:
     """A store with three rounds of one experiment: actions, acks, readings, oracle values."""
     with Store(path) as store:
         exp = Experiment(chain_spec(), store, seed=1)
@@ -61,8 +62,8 @@ def as_csv_text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def test_parquet_export_reads_back_equal_to_the_csv_export(tmp_path, capsys):
-    store = filled_store(tmp_path / "agent.sqlite")
+def test_parquet_export_reads_back_equal_to_the_csv_export(store_target, tmp_path, capsys):
+    store = filled_store(store_target)
     csv_paths = export(capsys, "--store", str(store), "--out", str(tmp_path / "csv"))
     parquet_paths = export(
         capsys, "--store", str(store), "--format", "parquet", "--out", str(tmp_path / "pq")
@@ -124,6 +125,7 @@ def test_export_finds_the_store_like_run_does(tmp_path, capsys, monkeypatch):
     [
         ("store: {path: 3}\n", "store.path"),
         ("stor: {}\n", "stor: unknown key (did you mean 'store'?)"),
+        ("store: {path: 'mysql://u:pw@db/x'}\n", "store.path: unknown store scheme 'mysql'"),
     ],
 )
 def test_export_refuses_bad_configuration(tmp_path, capsys, monkeypatch, text, message):
@@ -133,3 +135,4 @@ def test_export_refuses_bad_configuration(tmp_path, capsys, monkeypatch, text, m
     assert main(["export", EXPERIMENT, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cbo-agent export: configuration:") and message in err
+    assert "pw" not in err and err.count("\n") == 1

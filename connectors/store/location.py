@@ -3,11 +3,12 @@
 Accepted forms:
 
 - a bare path (``agent.sqlite``, ``/var/lib/cbo-agent/agent.sqlite``) or ``:memory:``: SQLite;
-- ``sqlite:///absolute/path`` (a file URL: empty host, absolute path), ``sqlite:relative/path``
-  and ``sqlite::memory:``: SQLite;
+- ``sqlite:///absolute/path`` (a file URL: empty host, absolute path; SQLAlchemy's
+  ``sqlite:////absolute/path`` names the same file), ``sqlite:relative/path`` and
+  ``sqlite::memory:``: SQLite;
 - ``postgresql://[user[:password]@]host[:port]/database[?libpq-parameters]`` (``postgres://``
   too): PostgreSQL, handed to libpq as it is, so every libpq parameter works (``sslmode``,
-  ``options=-csearch_path%3Dcbo`` to keep the store in its own schema, ...) and so do the
+  ``options=-csearch_path%3Dcbo`` to keep the store in its own, existing schema, ...) and so do the
   ``PG*`` environment variables (``PGPASSWORD`` keeps the password out of the URL).
 
 Anything else with a scheme (``mysql://``, ``sqlite://host/x``) is refused with one line saying
@@ -28,7 +29,8 @@ __all__ = ["PostgresLocation", "SqliteLocation", "StoreLocation", "parse_store_l
 
 MEMORY: Final = ":memory:"
 ACCEPTED: Final = "a path, sqlite:///absolute/path, sqlite:relative/path or postgresql://..."
-# A scheme followed by ':' that is not a one-letter drive, or one followed by '//'.
+# "scheme:rest". Only sqlite: and postgresql: are URLs without "//"; for any other scheme, a
+# "//" makes it a URL (refused), and no "//" a file name with a colon in it.
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?P<rest>.*)$", re.DOTALL)
 
 
@@ -94,7 +96,7 @@ def _sqlite(target: str, rest: str) -> SqliteLocation:
                 f"store {target!r}: an SQLite store is a local file, not on host {host!r}: "
                 "write sqlite:///absolute/path or sqlite:relative/path"
             )
-        rest = "/" + path
+        rest = "/" + path.lstrip("/")  # SQLAlchemy's four slashes name the same file
     if rest in ("", "/") or "?" in rest or "#" in rest:
         raise StoreError(f"store {target!r}: name a file, e.g. sqlite:///var/lib/agent.sqlite")
     return SqliteLocation(Path(rest))
