@@ -32,6 +32,7 @@ __all__ = [
     "ADMIN_URL",
     "RawDatabase",
     "StoreChild",
+    "empty_store",
     "postgres_unavailable",
     "scratch_database",
 ]
@@ -97,6 +98,30 @@ def scratch_database(prefix: str = "cbo_test") -> Iterator[str]:
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# Children before parents (foreign keys).
+STORE_TABLES = (
+    "snapshot_arrays",
+    "snapshots",
+    "oracle",
+    "ledger",
+    "readings",
+    "dead_letters",
+    "rounds",
+    "experiments",
+)
+
+
+def empty_store(url: str) -> None:
+    """Delete every row of the PostgreSQL store at `url`, in one transaction: a few
+    milliseconds, where TRUNCATE (new files, fsynced) takes a hundred. Ids go on counting."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:  # one transaction, committed on exit
+        conn.execute("SET lock_timeout = '5s'")  # a test that left a transaction open: say so
+        for table in STORE_TABLES:
+            conn.execute(f"DELETE FROM {table}")
 
 
 class RawDatabase:

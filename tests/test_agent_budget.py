@@ -6,6 +6,8 @@
 - An action expires (`expires_at`) when the agent gives up on it and releases its budget; should
   a device apply it anyway, the ack or the readings say so, and the cost is charged again —
   past the budget if need be — counted as a device overspend, and the agent stops proposing.
+
+The ledger's side of it runs on both store backends (`store_target`).
 """
 
 from __future__ import annotations
@@ -218,9 +220,9 @@ def overspends(metrics: AgentMetrics, reason: str) -> float:
     return metrics.registry.get_sample_value("cbo_device_overspend_total", labels) or 0.0
 
 
-def test_the_deadline_is_expires_at_and_the_reservation_is_released_then():
+def test_the_deadline_is_expires_at_and_the_reservation_is_released_then(store_target):
     clock = Clock()
-    with Store(":memory:") as store:
+    with Store(store_target) as store:
         exp = paid(store, clock)
         with capture_logs() as events:
             number = expire(exp, clock)
@@ -235,9 +237,11 @@ def test_the_deadline_is_expires_at_and_the_reservation_is_released_then():
         )
 
 
-def test_an_ack_after_expiry_is_charged_and_ends_the_experiment_when_the_budget_is_gone():
+def test_an_ack_after_expiry_is_charged_and_ends_the_experiment_when_the_budget_is_gone(
+    store_target,
+):
     clock, metrics = Clock(), AgentMetrics()
-    with Store(":memory:") as store:
+    with Store(store_target) as store:
         exp = paid(store, clock, metrics)
         number = expire(exp, clock)
         expires_at = exp.rounds[number].action.expires_at
@@ -259,9 +263,9 @@ def test_an_ack_after_expiry_is_charged_and_ends_the_experiment_when_the_budget_
         assert overspends(metrics, "ack_after_expiry") == 1
 
 
-def test_an_action_applied_after_expiry_is_charged_past_the_budget_and_recorded():
+def test_an_action_applied_after_expiry_is_charged_past_the_budget_and_recorded(store_target):
     clock, metrics = Clock(), AgentMetrics()
-    with Store(":memory:") as store:
+    with Store(store_target) as store:
         exp = paid(store, clock, metrics)
         first = expire(exp, clock)
         second = exp.propose()  # the released budget pays for the next round
@@ -287,9 +291,9 @@ def test_an_action_applied_after_expiry_is_charged_past_the_budget_and_recorded(
         assert (entry.state, entry.released_at is not None) == ("settled", True)
 
 
-def test_readings_of_an_expired_round_are_charged_once_and_teach_the_model():
+def test_readings_of_an_expired_round_are_charged_once_and_teach_the_model(store_target):
     clock, metrics = Clock(), AgentMetrics()
-    with Store(":memory:") as store:
+    with Store(store_target) as store:
         exp = paid(store, clock, metrics, budget_total=10.0)
         number = expire(exp, clock)
 
@@ -306,9 +310,9 @@ def test_readings_of_an_expired_round_are_charged_once_and_teach_the_model():
         assert exp.rounds[number].status is RoundStatus.EXPIRED and exp.can_propose(clock.now)
 
 
-def test_a_device_that_refuses_an_expired_action_releases_its_round():
+def test_a_device_that_refuses_an_expired_action_releases_its_round(store_target):
     clock = Clock()
-    with Store(":memory:") as store:
+    with Store(store_target) as store:
         exp = paid(store, clock)
         live = exp.propose()
         exp.mark_published(live.number)
@@ -326,9 +330,9 @@ def test_a_device_that_refuses_an_expired_action_releases_its_round():
         )
 
 
-def test_a_restart_renews_the_expiry_of_unacknowledged_rounds_before_republishing(tmp_path):
+def test_a_restart_renews_the_expiry_of_unacknowledged_rounds_before_republishing(store_target):
     clock = Clock()
-    path = tmp_path / "agent.sqlite"
+    path = store_target
     with Store(path) as store:
         exp = paid(store, clock, budget_total=10.0)
         published = exp.propose()

@@ -1,4 +1,5 @@
-"""A restarted agent continues the same experiment: same rounds, same budget, same model."""
+"""A restarted agent continues the same experiment: same rounds, same budget, same model — from
+an SQLite or a PostgreSQL store; and a replica whose lease was taken is fenced off."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from agent.experiment import Experiment, RoundStatus
-from connectors.store import Store
+from connectors.store import FencedError, Store
 from tests.test_agent_join import ack, chain_spec, reading
 
 
@@ -36,8 +37,8 @@ def drive(exp: Experiment, rounds: int, seed: int) -> None:
         seq += 3
 
 
-def test_restart_rebuilds_rounds_budget_and_the_exact_posterior(tmp_path):
-    path = tmp_path / "agent.sqlite"
+def test_restart_rebuilds_rounds_budget_and_the_exact_posterior(store_target):
+    path = store_target
     with Store(path) as store:
         before = Experiment(spec_with(), store, seed=1)
         drive(before, 14, seed=1)
@@ -66,19 +67,19 @@ def test_restart_rebuilds_rounds_budget_and_the_exact_posterior(tmp_path):
         assert after.next_round == live.number + 3
 
 
-def test_a_changed_graph_is_refused(tmp_path):
-    path = tmp_path / "agent.sqlite"
+def test_a_changed_graph_is_refused(store_target):
+    path = store_target
     with Store(path) as store:
         drive(Experiment(spec_with(), store), 2, seed=3)
     with Store(path) as store, pytest.raises(ValueError, match="different \\['model'\\]"):
         Experiment(spec_with(kernel="rbf"), store)
 
 
-def test_recovery_replays_what_a_clamping_device_applied(tmp_path):
+def test_recovery_replays_what_a_clamping_device_applied(store_target):
     """The device clamps u to [-0.3, 0.3] and says so in its ack; readings follow what it
     applied. Restarted, the agent's model is the uninterrupted one — and both learned the
     applied values, not the proposed ones."""
-    path = tmp_path / "agent.sqlite"
+    path = store_target
     gen = torch.Generator().manual_seed(4)
     spec = spec_with(refit_every=None, misfit_z=None)  # fixed hyperparameters: a quick test
     rows = []
@@ -113,3 +114,23 @@ def test_recovery_replays_what_a_clamping_device_applied(tmp_path):
         got = after.model.gp.posterior(probe)
         torch.testing.assert_close(got.mean, expected.mean, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(got.variance, expected.variance, rtol=1e-9, atol=1e-9)
+
+
+def test_an_experiment_on_a_fenced_store_stops_writing_once_its_lease_is_taken(store_target):
+    """`Store.fenced` is a drop-in store: the experiment passes its epoch nowhere else."""
+    spec = spec_with()
+    with Store(store_target) as store:
+        store.submit("join", spec.model_dump(mode="json", by_alias=True))
+        first = store.acquire_lease("join", "replica-a", 30.0)
+        assert first is not None
+        old = Experiment(spec, store.fenced("join", first.epoch), seed=1)
+        drive(old, 3, seed=1)
+        taken = store.acquire_lease("join", "replica-a", 30.0)  # replica-a restarted
+        assert taken is not None and taken.epoch == first.epoch + 1
+        with pytest.raises(FencedError, match="lease epoch 1 is stale"):
+            drive(old, 1, seed=2)  # the old process proposes: its round is refused
+        new = Experiment(spec, store.fenced("join", taken.epoch), seed=1)
+        assert sorted(new.rounds) == [0, 1, 2] and new.next_round == 3
+        assert [r.round for r in store.rounds("join")] == [0, 1, 2]
+        drive(new, 1, seed=2)  # the new owner goes on
+        assert store.experiment_status("join").rounds == 4

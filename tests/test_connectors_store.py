@@ -588,7 +588,8 @@ def test_closed_store_raises(db: str) -> None:
 # ---- migrations -----------------------------------------------------------------------------
 
 
-def test_an_empty_database_is_migrated_to_the_current_schema(db: str) -> None:
+def test_an_empty_database_is_migrated_to_the_current_schema(fresh_store_target: str) -> None:
+    db = fresh_store_target
     if not db.startswith("postgresql:"):
         Path(db).touch()  # an empty file is an empty SQLite database
     with Store(db) as store:
@@ -615,8 +616,9 @@ def test_both_backends_have_one_migration_per_version() -> None:
 
 
 def test_forward_migrations_run_only_missing_steps_and_atomically(
-    db: str, monkeypatch: pytest.MonkeyPatch
+    fresh_store_target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    db = fresh_store_target
     with Store(db) as store:
         store.upsert_experiment(EXP, SPEC)
     v1 = schema.schema_version()
@@ -634,7 +636,8 @@ def test_forward_migrations_run_only_missing_steps_and_atomically(
         assert store.schema_version == v1 + 1 and store.experiment_spec(EXP) == SPEC
 
 
-def test_replicas_opening_a_new_store_at_once_migrate_it_once(db: str) -> None:
+def test_replicas_opening_a_new_store_at_once_migrate_it_once(fresh_store_target: str) -> None:
+    db = fresh_store_target
     openers, errors = 6, []
     barrier = threading.Barrier(openers)
 
@@ -661,8 +664,9 @@ def test_replicas_opening_a_new_store_at_once_migrate_it_once(db: str) -> None:
 
 
 def test_a_version_1_store_is_migrated_and_its_rows_read_back(
-    db: str, monkeypatch: pytest.MonkeyPatch
+    fresh_store_target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    db = fresh_store_target
     backend = migrations_of(db)
     with monkeypatch.context() as patch:  # a store at schema version 1, rows as v1 wrote them
         patch.setattr(backend, "MIGRATIONS", backend.MIGRATIONS[:1])
@@ -734,7 +738,8 @@ def test_charge_records_a_cost_spent_after_release_even_past_the_budget(store: S
         store.charge(EXP, 2, 7.0)
 
 
-def test_newer_or_foreign_stores_are_refused(db: str) -> None:
+def test_newer_or_foreign_stores_are_refused(fresh_store_target: str) -> None:
+    db = fresh_store_target
     newer = schema.schema_version() + 1
     Store(db).close()
     with RawDatabase(db) as raw:
