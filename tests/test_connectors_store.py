@@ -200,6 +200,27 @@ def test_sqlite_runs_in_wal_with_full_sync_and_foreign_keys(sqlite_db: Path) -> 
 
 
 @pytest.mark.integration
+def test_postgres_never_commits_a_transaction_a_failed_statement_aborted(
+    postgres_target: str,
+) -> None:
+    """A write inside a PostgreSQL transaction has no savepoint of its own: a statement the
+    server refuses aborts the transaction, and its block raises instead of committing."""
+    with Store(postgres_target) as store:
+        store.upsert_experiment(EXP, SPEC)
+        with pytest.raises(StoreError, match="rolled back: a statement in it failed"):  # noqa: SIM117
+            with store.transaction():
+                add_rounds(store, 1)
+                with (
+                    pytest.raises(StoreError, match="division by zero"),
+                    store._writing("x") as conn,
+                ):
+                    conn.execute("SELECT 1 / 0")
+        assert store.rounds(EXP) == []
+        add_rounds(store, 1)  # and the store goes on
+        assert len(store.rounds(EXP)) == 1
+
+
+@pytest.mark.integration
 def test_postgres_waits_bounded_and_commits_synchronously(postgres_target: str) -> None:
     with Store(postgres_target, timeout_s=3.0) as store, store._reading("settings") as conn:
         settings = dict(

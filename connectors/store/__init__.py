@@ -34,7 +34,7 @@ Thread safety
     a coroutine of the same thread would re-enter it, so the store refuses calls from another
     asyncio task while a transaction is open. Several `Store` objects or processes on one store
     are safe too: the writers of one experiment are serialized (SQLite: ``BEGIN IMMEDIATE``;
-    PostgreSQL: a row lock on the experiment), so the budget check-and-reserve cannot
+    PostgreSQL: an advisory lock per experiment), so the budget check-and-reserve cannot
     interleave; a writer waits for another at most ``timeout_s``.
 
 Budget ledger

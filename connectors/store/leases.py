@@ -6,10 +6,11 @@ A lease is three columns of the experiment's row: `owner`, `epoch` and `lease_ex
 `renew` extends the holder's lease (and tells it the desired state); `release` gives it up. A
 writer passes its epoch with every write of the experiment (`Store.fenced`), and `check_epoch`
 refuses one whose epoch is no longer the row's with `FencedError`, in the same transaction as
-the write and under the experiment's write lock (`Database.lock_experiment`: a row lock on
-PostgreSQL, the file's write lock on SQLite) — so a write either commits before a new owner's
-acquisition or is refused after it, never in between. A replica that was paused past its TTL
-(SIGSTOP, a long GC, a partition) and comes back can therefore not write a single row.
+the write and under the experiment's write lock (`Database.lock_experiment`: an advisory lock
+per experiment on PostgreSQL, the file's write lock on SQLite) — so a write either commits
+before a new owner's acquisition or is refused after it, never in between. A replica that was
+paused past its TTL (SIGSTOP, a long GC, a partition) and comes back can therefore not write a
+single row.
 
 Clocks
     Every expiry decision is made with one clock, the database's (`Database.clock`:

@@ -7,24 +7,37 @@ Transactions
     A thread's outermost `transaction`, `writing` or `reading` takes a connection from the pool
     and binds it to the thread until the block ends; nested blocks reuse it, as savepoints.
     Other threads take their own connections, so they never join (or commit, or roll back)
-    another thread's transaction, and they do not wait for it either — unlike SQLite, whose
-    one connection serializes them — except where both write the same experiment. Write
-    transactions run at READ COMMITTED (pinned, whatever the server's default), and the
-    check-then-write steps of the table modules are made safe by a row lock: `lock_experiment`
-    takes ``FOR NO KEY UPDATE`` on the experiment's row in ``experiments`` before the first
-    write of an experiment in a transaction, and holds it to the end. So the writers of one
-    experiment — threads, processes, replicas — are serialized as SQLite's ``BEGIN IMMEDIATE``
-    serializes every writer, while different experiments write in parallel. This is what keeps
-    the budget never overspent (`ledger.reserve` sums and inserts under that lock) and makes a
-    lease epoch check atomic with the write it guards (a lease changes by an UPDATE of the same
-    row, which waits for the writes in flight). A transaction should write one experiment: two
-    that lock two experiments in opposite orders deadlock, and PostgreSQL aborts one
-    (StoreError). A writer waits for the lock at most ``timeout_s`` (``lock_timeout``), and a
-    transaction left idle for ``timeout_s / 2`` is ended by the server
-    (``idle_in_transaction_session_timeout``): a replica frozen inside a transaction (SIGSTOP)
-    loses it, its locks with it, so the replica that takes over its experiments is not kept
-    waiting; the frozen one finds its transaction rolled back when it wakes (StoreError).
-    ``consistent`` reads run in one REPEATABLE READ, READ ONLY transaction.
+    another thread's transaction, and they do not wait for it either — unlike SQLite, whose one
+    connection serializes them — except where both write the same experiment. Write transactions
+    run at READ COMMITTED (pinned, whatever the server's default), and the check-then-write
+    steps of the table modules are made safe by the experiment's write lock: `lock_experiment`
+    takes a transaction-level advisory lock keyed by the experiment's name
+    (``pg_advisory_xact_lock(EXPERIMENT_LOCK_SPACE, hashtext(name))``) before the first write of
+    an experiment in a transaction, and holds it to the end. Every write of an experiment's rows
+    and of its control row — lease changes, pause and stop included — goes through
+    `Store._writing`, which takes it. So the writers of one experiment — threads, processes,
+    replicas — are serialized as SQLite's ``BEGIN IMMEDIATE`` serializes every writer, while
+    different experiments write in parallel (two names with one hash share a lock: slower, never
+    wrong). This keeps the budget never overspent (`ledger.reserve` sums and inserts under that
+    lock) and makes a lease epoch check atomic with the write it guards (a new owner's
+    `acquire_lease` waits for the writes in flight, and the writes after it read its epoch). An
+    advisory lock rather than a row lock (``FOR UPDATE`` on the experiment's row): the same
+    exclusion, without writing a lock into the row, and so into the WAL, at every transaction. A
+    transaction should write one experiment: two that lock two experiments in opposite orders
+    deadlock, and PostgreSQL aborts one (StoreError). A writer waits for the lock at most
+    ``timeout_s`` (``lock_timeout``), and a transaction left idle for ``timeout_s / 2`` is ended
+    by the server (``idle_in_transaction_session_timeout``): a replica frozen inside a
+    transaction (SIGSTOP) loses it, its locks with it, so the replica that takes over its
+    experiments is not kept waiting; the frozen one finds its transaction rolled back when it
+    wakes (StoreError). ``consistent`` reads run in one REPEATABLE READ, READ ONLY transaction.
+
+    A write inside an open transaction runs without a savepoint of its own (each would cost two
+    round trips to the server). The table modules check before they write, so a write refused
+    by a check (`BudgetExceeded`, `IllegalTransition`, `FencedError`, ...) has written nothing
+    and the transaction goes on, as on SQLite. A statement the server refuses (a constraint)
+    aborts the whole transaction instead: it rolls back when its block exits, and the commit of
+    a block that caught that error and went on raises StoreError rather than committing
+    nothing in silence. Nested `transaction` blocks are savepoints as on SQLite.
 
 Durability
     A write returns after PostgreSQL's COMMIT, durable as the server is configured
@@ -64,6 +77,8 @@ __all__ = ["POOL_SIZE", "PostgresConnection", "PostgresDatabase"]
 
 log = structlog.get_logger(__name__)
 
+# pg_advisory_xact_lock(space, key)'s first key for "writing experiment <key>" locks.
+EXPERIMENT_LOCK_SPACE: Final = 0x4342_4F41
 POOL_SIZE: Final = 4  # the event loop, the policy's worker thread, and room for a spike
 # Tables whose id is an identity column: their INSERTs get ``RETURNING id`` (psycopg has no
 # lastrowid).
@@ -271,11 +286,14 @@ class PostgresDatabase:
     # ---- what the store asks of a backend besides transactions -------------------------------
 
     def lock_experiment(self, conn: Any, experiment: str) -> None:
-        """Row-lock the experiment until this transaction ends (once per transaction)."""
+        """Take the experiment's write lock until this transaction ends (once per transaction;
+        a savepoint rolled back forgets what it took)."""
         state = self._state()
         if experiment in state.locked:
             return
-        conn.execute("SELECT 1 FROM experiments WHERE name = ? FOR NO KEY UPDATE", (experiment,))
+        conn.raw.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (EXPERIMENT_LOCK_SPACE, experiment)
+        )
         state.locked[experiment] = state.depth
 
     def clock(self, conn: Any) -> float:
@@ -317,11 +335,19 @@ class PostgresDatabase:
 
     @contextlib.contextmanager
     def writing(self, what: str) -> Iterator[PostgresConnection]:
+        """One write: its own transaction, or a part of the thread's open one — without a
+        savepoint of its own there (two round trips saved per write; see the module
+        docstring for what that means when the database refuses a statement)."""
+        state = self._state()
+        self._check_owner(state)
         try:
+            if state.depth:
+                assert state.conn is not None
+                yield PostgresConnection(state.conn)
+                return
             with self.transaction():
-                conn = self._state().conn
-                assert conn is not None
-                yield PostgresConnection(conn)
+                assert state.conn is not None
+                yield PostgresConnection(state.conn)
         except psycopg.Error as exc:
             raise StoreError(f"store {self.display}: {what}: {_one_line(exc)}") from exc
 
@@ -417,6 +443,14 @@ class PostgresDatabase:
 
     def _commit(self, state: _ThreadState, conn: psycopg.Connection[Any]) -> None:
         try:
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                # PostgreSQL would answer COMMIT with a silent ROLLBACK: a statement failed
+                # inside the block and the caller went on. Say so instead.
+                conn.execute("ROLLBACK")
+                raise StoreError(
+                    f"store {self.display}: the transaction was rolled back: a statement in it "
+                    "failed earlier (the error was caught inside the transaction block)"
+                )
             conn.execute("COMMIT")
         except psycopg.Error as exc:
             raise StoreError(f"store {self.display}: commit failed: {_one_line(exc)}") from exc

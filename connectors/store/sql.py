@@ -20,7 +20,7 @@ so the SQL keeps to what SQLite and PostgreSQL both run:
   and times come from `database.Database.clock` as parameters;
 - a boolean expression is read with ``bool()`` (SQLite answers 0 or 1, PostgreSQL a bool).
 
-What is one database's alone — PRAGMAs, ``BEGIN IMMEDIATE``, the WAL, row locks, the pool,
+What is one database's alone — PRAGMAs, ``BEGIN IMMEDIATE``, the WAL, advisory locks, the pool,
 each schema's DDL and how its version is kept — lives in that backend's module and its schema
 module (`sqlite`, `sqlite_schema`, `postgres`, `postgres_schema`).
 """
