@@ -28,6 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_ingest(which)
     _add_regret(which)
     _add_chaos(which)
+    _add_store(which)
 
 
 def _gp_update(args: argparse.Namespace) -> int:
@@ -85,6 +86,44 @@ def _chaos(args: argparse.Namespace) -> int:
     )
     result = chaos.run(options, args.json, args.workdir)
     return 0 if result.ok else 1
+
+
+def _store(args: argparse.Namespace) -> int:
+    from connectors.store import StoreError
+
+    if "postgresql" in args.backends:
+        problem = _postgres_problem(args.postgres)
+        if problem is not None:
+            print(f"cbo-agent bench store: {problem}", file=sys.stderr)
+            return 2
+    from bench import store
+
+    try:
+        store.run(
+            args.spec,
+            args.rounds,
+            args.repeats,
+            args.backends,
+            args.postgres,
+            args.json,
+            args.workdir,
+        )
+    except StoreError as error:
+        print(f"cbo-agent bench store: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _postgres_problem(admin_url: str) -> str | None:
+    """One line if the PostgreSQL server cannot be reached with `admin_url`, else None."""
+    import psycopg
+
+    try:
+        psycopg.connect(admin_url, connect_timeout=5).close()
+    except psycopg.Error as error:
+        detail = " ".join(str(error).split())
+        return f"no PostgreSQL at --postgres {admin_url} ({detail}); or --backends sqlite"
+    return None
 
 
 def _policy_setting(text: str) -> tuple[str | None, str, object]:
@@ -159,6 +198,45 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
         "--workdir", type=Path, help="keep the spec, store, logs and broker data here"
     )
     chaos.set_defaults(handler=_chaos)
+
+
+def _add_store(which: argparse._SubParsersAction) -> None:
+    from bench.harness.postgres import DEFAULT_ADMIN_URL
+
+    store = which.add_parser(
+        "store",
+        help="the store alone: rounds written per second and bytes per 1,000 rounds, "
+        "SQLite beside PostgreSQL",
+    )
+    store.add_argument(
+        "--spec",
+        type=Path,
+        default=Path("examples/alpine2.yaml"),
+        help="the experiment whose rounds are written (examples/alpine2.yaml)",
+    )
+    store.add_argument("--rounds", type=positive_int, default=1000, help="rounds per run (1000)")
+    store.add_argument(
+        "--repeats", type=positive_int, default=5, help="runs per backend, interleaved (5)"
+    )
+    store.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["sqlite", "postgresql"],
+        default=["sqlite", "postgresql"],
+        help="(both)",
+    )
+    store.add_argument(
+        "--postgres",
+        default=DEFAULT_ADMIN_URL,
+        metavar="URL",
+        help="a PostgreSQL server's administrative URL: each run creates and drops a scratch "
+        f"database there ({DEFAULT_ADMIN_URL})",
+    )
+    store.add_argument(
+        "--workdir", type=Path, help="where the SQLite files go (the temporary directory)"
+    )
+    store.add_argument("--json", type=Path, help="write the rows as JSON here")
+    store.set_defaults(handler=_store)
 
 
 def _add_regret(which: argparse._SubParsersAction) -> None:

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from bench.harness.postgres import DEFAULT_ADMIN_URL
+from bench.harness.postgres import scratch_database as harness_scratch_database
 from connectors.store import PostgresLocation, parse_store_location
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
-ADMIN_URL = os.environ.get("CBO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get("CBO_TEST_POSTGRES_URL", DEFAULT_ADMIN_URL)
 
 
 def _reachable() -> str | None:
@@ -84,20 +84,10 @@ def _start_local_cluster() -> str:
     return f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[:200]}"
 
 
-@contextlib.contextmanager
-def scratch_database(prefix: str = "cbo_test") -> Iterator[str]:
-    """A new, empty database with a unique name; its URL (ADMIN_URL's, naming it). Dropped
-    afterwards, connections still open to it ended."""
-    import psycopg
-
-    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(ADMIN_URL)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def scratch_database() -> contextlib.AbstractContextManager[str]:
+    """A new, empty database with a unique name on ADMIN_URL's server (its URL); dropped
+    afterwards."""
+    return harness_scratch_database(ADMIN_URL, prefix="cbo_test")
 
 
 # Children before parents (foreign keys).
