@@ -61,7 +61,7 @@ import functools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 import structlog
@@ -72,6 +72,7 @@ from connectors.store import postgres_schema as schema
 from connectors.store.errors import StoreError
 from connectors.store.location import PostgresLocation
 from connectors.store.schema import VERSIONS
+from connectors.store.sql import Connection
 
 __all__ = ["POOL_SIZE", "PostgresConnection", "PostgresDatabase"]
 
@@ -102,16 +103,14 @@ class PostgresConnection:
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
         query, returning = _translate(sql)
-        cursor = self.raw.execute(query, parameters)
-        assert isinstance(cursor, _Cursor)
+        cursor = cast(_Cursor, self.raw.execute(query, parameters))
         if returning:
             row = cursor.fetchone()
             cursor.lastrowid = None if row is None else int(row[0])
         return cursor
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> _Cursor:
-        cursor = self.raw.cursor()
-        assert isinstance(cursor, _Cursor)
+        cursor = cast(_Cursor, self.raw.cursor())
         cursor.executemany(_translate(sql)[0], parameters)
         return cursor
 
@@ -276,27 +275,27 @@ class PostgresDatabase:
     def size_bytes(self) -> int:
         """Bytes the store's tables take with their indexes and TOAST (snapshots live there)."""
         with self.reading("size_bytes") as conn:
-            row = conn.raw.execute(
+            row = conn.execute(
                 "SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0)::bigint "
-                "FROM unnest(%s::text[]) AS t",
+                "FROM unnest(?::text[]) AS t",
                 (list(schema.STORE_TABLES),),
             ).fetchone()
             return int(row[0])
 
     # ---- what the store asks of a backend besides transactions -------------------------------
 
-    def lock_experiment(self, conn: Any, experiment: str) -> None:
+    def lock_experiment(self, conn: Connection, experiment: str) -> None:
         """Take the experiment's write lock until this transaction ends (once per transaction;
         a savepoint rolled back forgets what it took)."""
         state = self._state()
         if experiment in state.locked:
             return
-        conn.raw.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (EXPERIMENT_LOCK_SPACE, experiment)
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(?, hashtext(?))", (EXPERIMENT_LOCK_SPACE, experiment)
         )
         state.locked[experiment] = state.depth
 
-    def clock(self, conn: Any) -> float:
+    def clock(self, conn: Connection) -> float:
         """The server's clock: the start of the current transaction, unix seconds."""
         row = conn.execute("SELECT EXTRACT(EPOCH FROM now())::double precision").fetchone()
         return float(row[0])
