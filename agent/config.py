@@ -48,7 +48,7 @@ from pydantic import (
 
 from connectors.mqtt import BrokerConfig
 from connectors.store.errors import StoreError
-from connectors.store.location import parse_store_location
+from connectors.store.location import SqliteLocation, parse_store_location
 from core.plain_errors import plain_problems
 
 
@@ -289,15 +289,25 @@ class AgentConfig(_Section):
         The default id is shared by every agent nobody named, so two runs one after the other
         with different stores or experiments would share one session, and the second would be
         handed (and acknowledge) what was queued for the first. Without a configured id the
-        client id is therefore `cbo-agent-` + a digest of the store's absolute path and the
-        experiments' names: a restart on the same store with the same specs (crash recovery)
-        finds its session again, any other run gets its own. 22 characters, within MQTT 3.1.1's
-        guaranteed 23.
+        client id is therefore `cbo-agent-` + a digest of the store (an SQLite file's absolute
+        path, a PostgreSQL URL without its password) and the experiments' names: a restart on
+        the same store with the same specs (crash recovery) finds its session again, any other
+        run gets its own. 22 characters, within MQTT 3.1.1's guaranteed 23.
         """
         if "agent_id" in self.model_fields_set:
             return self.agent_id
-        identity = "\0".join([str(Path(self.store.path).resolve()), *sorted(experiments)])
+        identity = "\0".join([_store_identity(self.store.path), *sorted(experiments)])
         return f"{self.agent_id}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
+
+def _store_identity(target: str) -> str:
+    """The store `target` names, one way however it is written: an SQLite file's absolute path
+    (``agent.sqlite`` and ``sqlite:///abs/agent.sqlite`` alike), a PostgreSQL URL with its
+    password masked (rotating it keeps the session)."""
+    location = parse_store_location(target)
+    if isinstance(location, SqliteLocation) and location.path != ":memory:":
+        return str(Path(location.path).resolve())
+    return location.display
 
 
 _ENVIRONMENT = {

@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.config import AgentConfig
 from agent.recovery import STRUCTURAL_FIELDS
 from agent.validate import check_policy
+from connectors.store.location import MEMORY, SqliteLocation, parse_store_location
 from core.spec import ExperimentSpec, Override, SpecError, load_spec
 
 
@@ -41,14 +42,26 @@ def load_run_specs(
 
 
 def service_problems(config: AgentConfig, specs: Sequence[ExperimentSpec]) -> list[str]:
-    """What would stop the service once started: the metrics port, the store."""
+    """What would stop the service once started: the metrics port, the store.
+
+    An SQLite store is looked at without creating it (its directory, its rights; an existing
+    file is opened); a PostgreSQL store is opened — a server that cannot be reached, a login
+    refused or another program's database is one line here (its tables are created if the
+    database is empty, as the service would).
+    """
     problems = []
     if (port := metrics_port_problem(config.metrics.host, config.metrics.port)) is not None:
         problems.append(port)
-    store = store_path_problem(config.store.path)
+    location = parse_store_location(config.store.path)  # valid: the configuration checked it
+    if not isinstance(location, SqliteLocation):
+        return problems + stored_experiment_problems(config.store.path, specs)
+    if location.path == MEMORY:
+        return problems
+    path = str(location.path)
+    store = store_path_problem(path)
     if store is not None:
         problems.append(store)
-    elif Path(config.store.path).is_file():
+    elif Path(path).is_file():
         problems += stored_experiment_problems(config.store.path, specs)
     return problems
 
@@ -74,7 +87,7 @@ def metrics_port_problem(host: str, port: int) -> str | None:
 
 
 def store_path_problem(path: str) -> str | None:
-    """Why `path` cannot hold the SQLite store, or None."""
+    """Why the file `path` cannot hold the SQLite store, or None."""
     where = Path(path)
     if where.is_dir():
         return f"store {path} is a directory; name a file in it (e.g. {where / 'agent.sqlite'})"
@@ -94,7 +107,7 @@ def stored_experiment_problems(path: str, specs: Sequence[ExperimentSpec]) -> li
 
     problems = []
     try:
-        with Store(path) as store:
+        with Store(path) as store:  # a path or a URL
             for spec in specs:
                 stored = store.experiment_spec(spec.name)
                 if stored is None:
@@ -103,10 +116,10 @@ def stored_experiment_problems(path: str, specs: Sequence[ExperimentSpec]) -> li
                 changed = [key for key in STRUCTURAL_FIELDS if stored.get(key) != current.get(key)]
                 if changed:
                     problems.append(
-                        f"experiment {spec.name!r} is in the store {path} with other "
+                        f"experiment {spec.name!r} is in the store {store.path} with other "
                         f"{', '.join(changed)}; give the changed experiment a new name, or use "
                         "another store (--store)"
                     )
-    except StoreError as error:
-        problems.append(f"store {path}: {error}")
+    except StoreError as error:  # its message names the store (a URL's password masked)
+        problems.append(str(error))
     return problems

@@ -183,7 +183,7 @@ def test_broker_mistakes_are_named(text, message):
 def test_the_default_client_id_is_one_per_store_and_experiments(tmp_path):
     """Two runs nobody named do not share a persistent session; a restart finds its own."""
 
-    def client_id(store: Path, experiments: list[str], **settings: object) -> str:
+    def client_id(store: Path | str, experiments: list[str], **settings: object) -> str:
         config = AgentConfig.model_validate({"store": {"path": str(store)}, **settings})
         return config.client_id(experiments)
 
@@ -191,6 +191,10 @@ def test_the_default_client_id_is_one_per_store_and_experiments(tmp_path):
     assert first == client_id(tmp_path / "a.sqlite", ["alpine2"])  # restart: same session
     assert first.startswith("cbo-agent-") and len(first) <= 23  # MQTT 3.1.1's guaranteed length
     assert first != client_id(tmp_path / "b.sqlite", ["alpine2"])
+    assert first == client_id(f"sqlite://{tmp_path / 'a.sqlite'}", ["alpine2"])  # one file
+    fleet = client_id("postgresql://cbo:old@db/fleet", ["alpine2"])
+    assert fleet == client_id("postgresql://cbo:new@db/fleet", ["alpine2"])  # password rotated
+    assert fleet != client_id("postgresql://cbo@db/other", ["alpine2"])
     assert first != client_id(tmp_path / "a.sqlite", ["dropwave"])
     assert client_id(tmp_path / "a.sqlite", ["x"], agent_id="line-3") == "line-3"  # configured
     assert load_config(environ={"CBO_AGENT_ID": "cbo-agent"}).client_id(["x"]) == "cbo-agent"

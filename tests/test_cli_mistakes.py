@@ -48,6 +48,12 @@ def _one_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
         (["--broker", "127.0.0.1:"], "port '' is not a number from 1 to 65535"),
         (["--store", "/nonexistent-dir/agent.sqlite"], "the directory /nonexistent-dir does not"),
         (["--store", "{tmp}"], "is a directory; name a file in it"),
+        (["--store", "sqlite:///nonexistent-dir/a.sqlite"], "the directory /nonexistent-dir does"),
+        (["--store", "mysql://root:pw@db/x"], "store.path: unknown store scheme 'mysql'"),
+        (
+            ["--store", "postgresql://cbo:pw@127.0.0.1:9/x"],
+            "cannot open store postgresql://cbo:***@",
+        ),
         (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
         (["--connect-timeout", "-1"], "argument --connect-timeout: must be a positive number"),
         (["--log-level", "verbose"], "argument --log-level: invalid choice: 'verbose'"),
@@ -94,6 +100,16 @@ def test_run_refuses_a_spec_that_changed_an_experiment_of_its_store(tmp_path, ca
     assert code == 2
     line = _one_line(capsys, "run")
     assert "experiment 'dropwave' is in the store" in line and "other model" in line
+
+
+@pytest.mark.integration
+def test_run_checks_a_postgres_store_as_it_checks_a_file(postgres_target, capsys):
+    with Store(postgres_target) as opened:
+        Experiment(load_spec(DROPWAVE), opened)
+    code = main(["run", str(DROPWAVE), "--store", postgres_target, "--set", "model.kernel=rbf"])
+    assert code == 2
+    line = _one_line(capsys, "run")
+    assert f"experiment 'dropwave' is in the store {postgres_target} with other model" in line
 
 
 def test_run_refuses_two_specs_of_one_experiment(tmp_path, capsys):
