@@ -56,7 +56,9 @@ class RewardFunction:
             raise ValueError("weights exist only for a linear reward")
         columns = []
         for weight in self._weights:
-            value = weight(actions) if callable(weight) else torch.tensor(weight)
+            # a constant weight straight in `like`'s dtype: through torch's default float32 it
+            # would be rounded (relative error ~6e-8), breaking D-GP-UCB's float64 algebra
+            value = weight(actions) if callable(weight) else torch.tensor(weight, dtype=like.dtype)
             columns.append(value.to(like).expand_as(like))
         return torch.stack(columns, dim=-1)
 
