@@ -8,6 +8,7 @@ target sets, the per-round cap and what is left of the total budget.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -64,6 +65,8 @@ def vet(
     hard = spec.intervention == "hard"
     used = tuple(name for name, value in safe.items() if hard or value != 0.0)
     cost = intervention_cost(spec, safe)
+    if spec.fidelity is not None:
+        _check_levels(spec, safe)
     if hard and spec.target_sets is not None:
         allowed = {frozenset(s) for s in spec.allowed_target_sets()}
         if frozenset(used) not in allowed:
@@ -78,3 +81,16 @@ def vet(
         if cap is not None and cost > cap * (1 + COST_TOL) + COST_TOL:
             raise Violation(reason, f"cost {cost!r} of {safe} is over {cap!r}")
     return Vetted(safe, cost, used)
+
+
+def _check_levels(spec: ExperimentSpec, intervention: Mapping[str, float]) -> None:
+    """A multi-fidelity round asks for a declared length τ and replication count q."""
+    fidelity = spec.fidelity
+    assert fidelity is not None
+    for name, levels in (
+        (fidelity.action, fidelity.levels),
+        (fidelity.replications_action, fidelity.replications),
+    ):
+        value = intervention.get(name)
+        if value is None or not any(math.isclose(value, v, rel_tol=1e-12) for v in levels):
+            raise Violation("fidelity_level", f"{name}={value} is not one of {list(levels)}")

@@ -70,11 +70,17 @@ def mean_sampler(query: NodeQuery) -> torch.Tensor:
 
 @dataclass
 class Round:
-    """One round of history: what was done and what was read (possibly partial)."""
+    """One round of history: what was done and what was read (possibly partial).
+
+    A multi-fidelity round's reading is a mean over replications: `variances` holds the
+    variance of that mean and `replications` how many ran, per node, where the device said.
+    """
 
     intervention: dict[str, float]
     readings: dict[str, float] = field(default_factory=dict)
     learned: set[str] = field(default_factory=set)
+    variances: dict[str, float] = field(default_factory=dict)
+    replications: dict[str, int] = field(default_factory=dict)
 
 
 class NetworkModel:
@@ -208,6 +214,17 @@ class NetworkModel:
         if self._flat is not None:
             self._flat_learn(round_index, refit)
         return report
+
+    def note_replications(
+        self, round_index: int, node: str, variance: float | None, replications: int | None
+    ) -> None:
+        """Record what a device said of a mean reading: the variance of the mean and the
+        number of replications behind it (a multi-fidelity model reads them; node GPs don't)."""
+        record = self.history[round_index]
+        if variance is not None:
+            record.variances[node] = float(variance)
+        if replications is not None:
+            record.replications[node] = int(replications)
 
     def observe_many(
         self, batch: Sequence[tuple[int, Readings]], *, refit: bool = True

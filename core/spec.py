@@ -169,6 +169,66 @@ class ConstraintSpec(_Strict):
     )
 
 
+class FidelitySpec(_Strict):
+    """Trials of a chosen length τ on q parallel units (paper 001): a multi-fidelity experiment.
+
+    Two of the spec's actions carry the trial's length and its replication count; every other
+    action is a parameter of θ. A round's action holds θ, τ and q; the device runs q
+    replications of length τ and reports their mean (and their variance, or how many it ran:
+    docs/protocol.md). A round costs `setup_cost + unit_cost · q · τ`; the actions' own costs
+    are not used. The recommendation is argmax_θ μ(θ, τ_max), τ_max the largest level.
+    """
+
+    action: str = Field(description="The action whose value is the trial's length τ.")
+    levels: list[float] = Field(
+        min_length=1,
+        description="The finite fidelity set 𝒯: the lengths τ a trial may have (positive; the "
+        "largest is τ_max, the fidelity the recommendation is made for).",
+    )
+    replications_action: str = Field(
+        description="The action whose value is the number of replications q."
+    )
+    replications: list[int] = Field(
+        min_length=1, description="The replication set 𝒬: the counts q a round may ask for."
+    )
+    setup_cost: float = Field(default=0.0, ge=0, description="Fixed cost of every round.")
+    unit_cost: float = Field(
+        default=1.0, gt=0, description="Cost per replication per unit of τ (q·τ by default)."
+    )
+
+    @field_validator("levels")
+    @classmethod
+    def _positive_levels(cls, levels: list[float]) -> list[float]:
+        if any(not (math.isfinite(t) and t > 0) for t in levels):
+            raise ValueError("every level must be a positive number")
+        if len(set(levels)) != len(levels):
+            raise ValueError("levels must differ")
+        return sorted(levels)
+
+    @field_validator("replications")
+    @classmethod
+    def _positive_counts(cls, counts: list[int]) -> list[int]:
+        if any(q < 1 for q in counts) or len(set(counts)) != len(counts):
+            raise ValueError("replications must be distinct counts of at least 1")
+        return sorted(counts)
+
+    @property
+    def tau_max(self) -> float:
+        return max(self.levels)
+
+    @property
+    def q_max(self) -> int:
+        return max(self.replications)
+
+    @property
+    def q_min(self) -> int:
+        return min(self.replications)
+
+    def cost(self, tau: float, replications: float) -> float:
+        """The cost of q replications of length τ: setup + unit · q · τ."""
+        return self.setup_cost + self.unit_cost * float(replications) * float(tau)
+
+
 class ModelSpec(_Strict):
     """Settings of every node's Gaussian process (see `core.gp.GPConfig`)."""
 
@@ -320,6 +380,11 @@ class ExperimentSpec(_Strict):
         "action, in `actions`' order) to choose from instead of the whole box.",
     )
     reward: RewardSpec = Field(description="What to maximize.")
+    fidelity: FidelitySpec | None = Field(
+        default=None,
+        description="Multi-fidelity trials (paper 001): which actions carry the trial length τ "
+        "and the replication count q, their finite sets and the cost model. null: none.",
+    )
     constraints: ConstraintSpec = Field(
         default=ConstraintSpec(), description="Cardinality and budget limits."
     )
@@ -341,6 +406,7 @@ class ExperimentSpec(_Strict):
             *self._action_problems(),
             *self._target_set_problems(),
             *self._candidate_problems(),
+            *self._fidelity_problems(),
         ]
         if self.reward.node not in self.node_names:
             problems.append(
@@ -525,6 +591,48 @@ class ExperimentSpec(_Strict):
                     )
             if len(set(targets)) != len(targets):
                 problems.append(f"target_sets[{i}]: an action appears twice")
+        return problems
+
+    @property
+    def parameter_names(self) -> list[str]:
+        """The actions of θ: every action but a fidelity experiment's τ and q."""
+        if self.fidelity is None:
+            return self.action_names
+        levers = {self.fidelity.action, self.fidelity.replications_action}
+        return [name for name in self.action_names if name not in levers]
+
+    def _fidelity_problems(self) -> list[str]:
+        fidelity = self.fidelity
+        if fidelity is None:
+            return []
+        problems = []
+        if self.intervention != "soft" or self.candidates is not None or self.reward.decomposed:
+            problems.append(
+                "fidelity: a multi-fidelity experiment is soft, without candidates or a "
+                "decomposed reward"
+            )
+        for field_name, values in (
+            ("action", fidelity.levels),
+            ("replications_action", fidelity.replications),
+        ):
+            name = getattr(fidelity, field_name)
+            if name not in self.action_names:
+                problems.append(
+                    f"fidelity.{field_name}: {unknown_name('action', name, self.action_names)}"
+                )
+                continue
+            low, high = self.action(name).bounds
+            outside = [v for v in values if not low <= v <= high]
+            if outside:
+                problems.append(
+                    f"fidelity.{field_name}: {name}'s bounds [{low}, {high}] exclude {outside}"
+                )
+        if fidelity.action == fidelity.replications_action:
+            problems.append("fidelity: τ and q need two different actions")
+        elif not self.parameter_names:
+            problems.append("fidelity: no action is left for the parameters θ")
+        if self.constraints.max_interventions is not None:
+            problems.append("constraints.max_interventions: every action of θ is set each round")
         return problems
 
     def _candidate_problems(self) -> list[str]:

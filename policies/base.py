@@ -64,7 +64,13 @@ def intervention_cost(spec: ExperimentSpec, intervention: Mapping[str, float]) -
     """Cost of an intervention: each used action's fixed cost plus its per-unit cost.
 
     Soft: an action is used when its value is nonzero. Hard: every action in the target set.
+    A multi-fidelity experiment (`spec.fidelity`) pays its own model instead: setup + unit · q · τ.
     """
+    if spec.fidelity is not None:
+        fidelity = spec.fidelity
+        tau = float(intervention.get(fidelity.action, 0.0))
+        replications = float(intervention.get(fidelity.replications_action, 0.0))
+        return fidelity.cost(tau, replications)
     total = 0.0
     for name, value in intervention.items():
         action = spec.action(name)

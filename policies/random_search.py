@@ -16,6 +16,8 @@ every proposal keeps the same contract as the others (see `policies._supports`):
   cardinality limit and whose cheapest point fits the round cap — the spec declares them as
   the alternatives to explore (an observational `[]` among them, when declared).
 - Finite candidates: drawn uniformly among the admissible ones.
+- Multi-fidelity specs (paper 001's RND): θ from a Latin hypercube of `lhs_size` points
+  drawn in turn (a new one when used up), every trial at τ_max and q_max.
 - Budget: values are drawn uniformly in their bounds; a draw over the round cap is pulled toward
   its cheapest point (each value as close to 0 as its bounds allow) by a random fraction of the
   largest affordable step, so it stays inside the bounds and fits the cap.
@@ -56,6 +58,11 @@ class RandomSettings(PolicySettings):
         description="Draws of an affordable soft support, over all sizes, before settling for "
         "the actions that cannot be switched off.",
     )
+    lhs_size: int = Field(
+        default=50,
+        ge=1,
+        description="Multi-fidelity specs: points of each Latin hypercube θ is drawn from.",
+    )
 
 
 class RandomPolicy(Policy):
@@ -68,6 +75,8 @@ class RandomPolicy(Policy):
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
         spec = self.spec
+        if spec.fidelity is not None:
+            return self._fidelity_trial(constraints, rng)
         if spec.candidates is not None:
             points = admissible_candidates(model, constraints)
             pick = int(torch.randint(len(points), (1,), generator=rng))
@@ -85,6 +94,41 @@ class RandomPolicy(Policy):
             raise RuntimeError(f"random: proposal cost {cost} exceeds the round cap")
         used = tuple(n for n, v in intervention.items() if self._used(v))
         return Proposal(intervention, math.nan, cost, used, {"policy": self.name})
+
+    def _fidelity_trial(self, constraints: Constraints, rng: torch.Generator) -> Proposal:
+        fidelity = self.spec.fidelity
+        assert fidelity is not None
+        tau, q = fidelity.tau_max, fidelity.q_max
+        cost = fidelity.cost(tau, q)
+        if not _fits(cost, constraints.round_cap):
+            raise NothingAffordable(
+                f"random: a trial at τ_max, q_max costs {cost:g}, over the round cap "
+                f"{constraints.round_cap:g}"
+            )
+        queue = getattr(self, "_latin", None)
+        if not queue:
+            queue = self._latin = self._latin_hypercube(rng)
+        theta = queue.pop()
+        intervention = {name: 0.0 for name in self.spec.action_names}
+        intervention.update(theta)
+        intervention[fidelity.action] = float(tau)
+        intervention[fidelity.replications_action] = float(q)
+        used = tuple(n for n, v in intervention.items() if v != 0.0)
+        return Proposal(intervention, math.nan, cost, used, {"policy": self.name})
+
+    def _latin_hypercube(self, rng: torch.Generator) -> list[dict[str, float]]:
+        """`lhs_size` θ, one per slice of every coordinate, in random order."""
+        n, names = self.settings.lhs_size, self.spec.parameter_names
+        columns = []
+        for name in names:
+            low, high = self.spec.action(name).bounds
+            slices = torch.randperm(n, generator=rng).to(torch.float64)
+            jitter = torch.rand(n, generator=rng, dtype=torch.float64)
+            columns.append(low + (high - low) * (slices + jitter) / n)
+        return [
+            {name: float(column[i]) for name, column in zip(names, columns, strict=True)}
+            for i in range(n)
+        ]
 
     # ------------------------------------------------------------------ costs
     def _anchor(self, name: str) -> float:
