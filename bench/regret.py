@@ -74,6 +74,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.paths import ExamplesNotFound, example_spec, examples_dir
+from bench.fidelity_report import FIDELITY_COLUMNS, fidelity_row, plot_cost, ql_row
 from bench.harness.episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
 from bench.report import (
     machine_info,
@@ -366,7 +367,15 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for payload in runs:
         groups.setdefault((payload["env"], payload["policy"]), []).append(payload)
-    return [_row(env, policy, group) for (env, policy), group in groups.items()]
+    rows = []
+    for (env, policy), group in groups.items():
+        if group[0].get("fidelity"):  # paper 001's domains: the cost axis
+            rows.append(fidelity_row(env, policy, group))
+        else:
+            rows.append(_row(env, policy, group))
+    fidelity_envs = dict.fromkeys(p["env"] for p in runs if p.get("fidelity"))
+    rows += [ql_row(env, [p for p in runs if p["env"] == env]) for env in fidelity_envs]
+    return rows
 
 
 def _row(env: str, policy: str, group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -414,6 +423,9 @@ def orderings(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[str
     result: dict[str, dict[str, list[str]]] = {}
     for env in dict.fromkeys(r["env"] for r in rows):
         mine = [r for r in rows if r["env"] == env]
+        if all("mean_final_score" in r for r in mine):  # multi-fidelity: the final test score
+            result[env] = {"final_score": _ranked(mine, "mean_final_score", lower_is_better=False)}
+            continue
         result[env] = {
             "cumulative_regret": _ranked(mine, "mean_cumulative_regret", lower_is_better=True),
             "average_reward": _ranked(mine, "mean_average_reward", lower_is_better=False),
@@ -445,6 +457,10 @@ OUTCOME_COLUMNS = [("seeds_stopped_early", "stopped"), ("seeds_failed", "failed"
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    if rows and all("mean_final_score" in r for r in rows):
+        columns = COLUMNS[:2] + FIDELITY_COLUMNS + OUTCOME_COLUMNS[1:]
+        cells = [[_cell(r.get(key)) for key, _ in columns] for r in rows]
+        return [title for _, title in columns], cells
     columns = COLUMNS + (BUDGET_COLUMNS if any("budget" in r for r in rows) else [])
     columns += OUTCOME_COLUMNS
     cells = [[_cell(r.get(key)) for key, _ in columns] for r in rows]
@@ -496,7 +512,9 @@ def _write_summary(
     print_table(_title(config), columns, cells, console)
     for env in config["envs"]:
         path = out / f"{env}.png"
-        if plot_env(env, [p for p in runs if p["env"] == env], path):
+        env_runs = [p for p in runs if p["env"] == env]
+        plot = plot_cost if any(p.get("fidelity") for p in env_runs) else plot_env
+        if plot(env, env_runs, path):
             console.print(f"plot: {path}")
     for failure in failures:
         console.print(f"FAILED {failure['run']}: {failure['error']}", markup=False)
@@ -521,6 +539,10 @@ def _markdown(
     lines = [f"# {_title(config)}", "", markdown_table(columns, cells), "## Orderings", ""]
     by_key = {(r["env"], r["policy"]): r for r in rows}
     for env, ranked in ranks.items():
+        if "final_score" in ranked:
+            score = _ordering(env, ranked["final_score"], by_key, "final_score", " > ")
+            lines.append(f"- **{env}** final test score (higher is better): {score}")
+            continue
         regret = _ordering(env, ranked["cumulative_regret"], by_key, "cumulative_regret", " < ")
         reward = _ordering(env, ranked["average_reward"], by_key, "average_reward", " > ")
         lines += [

@@ -11,10 +11,16 @@ from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
 from sim.decomposed_synthetic import DecomposedSynthetic
 from sim.dropwave import Dropwave
+from sim.gw10 import GW10
+from sim.gw20 import GW20
+from sim.key2 import KEY2
+from sim.key3 import KEY3
+from sim.mc import MC
 from sim.psagraph import PSAGraph
 from sim.rosenbrock import Rosenbrock
 from sim.sir import AgeStructuredSIR
 from sim.toygraph import ToyGraph
+from sim.tr import TR
 from sim.weather import WeatherField
 
 # Seeded environments draw a new instance per seed (paper 003: "new kernels and target each
@@ -33,6 +39,13 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "decomposed-synthetic": lambda seed: DecomposedSynthetic(seed=seed),
     "sir": lambda seed: AgeStructuredSIR(),
     "weather": lambda seed: WeatherField(seed=seed),
+    # paper 001's subgoal domains: a seed draws the oracle's test environments
+    "gw10": lambda seed: GW10.create(seed),
+    "gw20": lambda seed: GW20.create(seed),
+    "tr": lambda seed: TR.create(seed),
+    "key2": lambda seed: KEY2.create(seed),
+    "key3": lambda seed: KEY3.create(seed),
+    "mc": lambda seed: MC.create(seed),
 }
 
 

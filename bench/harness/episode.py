@@ -113,7 +113,14 @@ def skeleton(config: RunConfig, error: str | None = None) -> dict[str, Any]:
 
 
 def play(config: RunConfig) -> dict[str, Any]:
-    """Run one episode; the payload records every round, the outcome and its timing."""
+    """Run one episode; the payload records every round, the outcome and its timing.
+
+    A multi-fidelity environment (paper 001's domains) is played by `bench.harness.fidelity`.
+    """
+    if getattr(make_environment(config.env, config.seed), "levels", None):
+        from bench.harness.fidelity import play_fidelity
+
+        return play_fidelity(config)
     started = time.perf_counter()
     payload = skeleton(config)
     try:

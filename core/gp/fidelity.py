@@ -122,6 +122,7 @@ class FidelityGP:
         self.reported = torch.zeros(0, dtype=self.dtype)  # NaN: not reported
         self.hyper = self._prior_means_hyper()
         self._factor: torch.Tensor | None = None
+        self.fit_iterations = 60  # L-BFGS-B steps per start: a refit must fit a decision's time
 
     # ------------------------------------------------------------------ data
     @property
@@ -278,7 +279,14 @@ class FidelityGP:
         best, best_value, converged = None, math.inf, False
         for start in starts:
             try:
-                result = minimize(self._objective, start, jac=True, method="L-BFGS-B", bounds=box)
+                result = minimize(
+                    self._objective,
+                    start,
+                    jac=True,
+                    method="L-BFGS-B",
+                    bounds=box,
+                    options={"maxiter": self.fit_iterations},
+                )
             except (RuntimeError, ValueError):  # a Cholesky failure at a wild start
                 continue
             if np.isfinite(result.fun) and result.fun < best_value:
@@ -293,7 +301,7 @@ class FidelityGP:
         u = torch.tensor(x, dtype=self.dtype, requires_grad=True)
         value = self.neg_log_posterior(u)
         (grad,) = torch.autograd.grad(value, u)
-        return float(value), grad.numpy()
+        return float(value.detach()), grad.numpy()
 
     @staticmethod
     def _detached(hyper: FidelityHyperparameters) -> FidelityHyperparameters:

@@ -1,0 +1,195 @@
+"""One run of a multi-fidelity experiment (paper 001): a policy spends a budget on trials
+(θ, τ, q) of a subgoal domain; the recommendation is tested as the budget is spent.
+
+`play_fidelity(config)` follows the agent's loop in process: propose under
+`Constraints.from_spec(spec, spent)`, run the trial (q replications of τ interactions), learn
+its mean with the variance the device would report, charge q·τ. It stops when nothing is
+affordable (the budget is spent) or after `config.rounds` rounds. Initial designs are the
+policies' own and are charged like every trial.
+
+Measured, with the same test environments for every policy of a seed:
+- the cost axis (the paper's Figure 7): when cumulative cost crosses each tenth of the budget,
+  the recommendation argmax_θ μ(θ, τ_max) of the (θ, τ) GP fitted to the trials so far (for
+  every policy, so they differ only in the trials they chose) is trained for τ_max
+  interactions in `TEST_ENVIRONMENTS` fresh environments and scored greedily;
+- the final score: that test at the end (`final_score`, and `final_steps` for step domains);
+- Table 1's performance ratio at T = m, 2m, …, 10m: the mean over the test environments of
+  the greedy steps after T interactions with the final recommendation's subgoals over the same
+  without subgoals (TR: the ratio of discounted returns);
+- QL, the paper's subgoal-free baseline: Q-learning for τ_max in the same test environments
+  (`ql_score`), independent of the policy;
+- the decision time of each round (propose) and of the model update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.harness.episode import RunConfig, plain, skeleton
+from core.network import NetworkModel
+from core.spec import load_spec
+from policies._fidelity import FittedModel, FidelityPolicy, recommend, trials
+from policies.base import Constraints, NothingAffordable
+from policies.registry import make_policy
+from sim._subgoal_env import SubgoalDomain
+from sim.registry import make_environment
+
+__all__ = ["CHECKPOINTS", "TEST_ENVIRONMENTS", "play_fidelity", "table1_ratio"]
+
+TEST_ENVIRONMENTS = 100  # fresh test environments per evaluation (the paper averages 200)
+CHECKPOINTS = 10  # recommendation tests along the budget
+TABLE1_MULTIPLES = tuple(range(1, 11))
+
+
+def play_fidelity(config: RunConfig) -> dict[str, Any]:
+    """The run's JSON payload; a failure inside is status "failed" with its traceback."""
+    payload = skeleton(config)
+    payload["fidelity"] = True
+    started = time.perf_counter()
+    try:
+        _play(config, payload)
+    except Exception as error:  # reported in the payload, never raised from a worker
+        payload["status"] = "failed"
+        payload["error"] = f"{type(error).__name__}: {error}"
+        payload["traceback"] = traceback.format_exc()
+    payload["wall_seconds"] = time.perf_counter() - started
+    payload["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return plain(payload)
+
+
+def _play(config: RunConfig, payload: dict[str, Any]) -> None:
+    env = make_environment(config.env, config.seed)
+    assert isinstance(env, SubgoalDomain)
+    spec = load_spec(config.spec).model_copy(
+        update={"initial_design": load_spec(config.spec).initial_design.model_copy(
+            update={"seed": config.seed})}
+    )
+    budget = spec.constraints.budget_total
+    policy = make_policy(config.policy, spec, config.settings)
+    model = NetworkModel(spec)
+    rng = torch.Generator().manual_seed(config.seed)
+    trial_rng = np.random.default_rng([config.seed, 1])
+    test_seed = [config.seed, 2]
+    fitted = (
+        policy.fitted
+        if isinstance(policy, FidelityPolicy)
+        else FittedModel(spec, refit_every=5, restarts=2, seed=config.seed)
+    )
+    grid = _grid(policy, spec, config.seed)
+    payload.update(status="ok", budget=budget, spent=0.0, history=[], curve=[])
+    payload["optimum"] = env.optimum.value
+    next_checkpoint = 1
+    spent = 0.0
+    for number in range(config.rounds):
+        constraints = Constraints.from_spec(spec, spent)
+        t0 = time.perf_counter()
+        try:
+            proposal = policy.propose(model, constraints, rng)
+        except NothingAffordable as reason:  # the budget is spent: the normal end
+            payload["stop_reason"] = str(reason)
+            break
+        decided = time.perf_counter() - t0
+        result = env.trial(proposal.intervention, trial_rng)
+        t1 = time.perf_counter()
+        index = model.start_round(proposal.intervention)
+        model.note_replications(index, spec.reward.node, result.variance, result.replications)
+        model.observe(index, {spec.reward.node: result.mean})
+        spent += proposal.cost
+        payload["history"].append(
+            {
+                "round": number,
+                "intervention": proposal.intervention,
+                "cost": proposal.cost,
+                "spent": spent,
+                "reward": result.mean,
+                "variance": result.variance,
+                "decision_seconds": decided,
+                "update_seconds": time.perf_counter() - t1,
+                "diagnostics": {
+                    k: v for k, v in proposal.diagnostics.items() if isinstance(v, int | float)
+                },
+            }
+        )
+        while budget and next_checkpoint <= CHECKPOINTS and spent >= budget * next_checkpoint / CHECKPOINTS:
+            payload["curve"].append(_checkpoint(env, spec, model, fitted, grid, spent, test_seed))
+            next_checkpoint += 1
+    payload["spent"] = spent
+    final = _checkpoint(env, spec, model, fitted, grid, spent, test_seed)
+    if not payload["curve"] or payload["curve"][-1]["spent"] != spent:
+        payload["curve"].append(final)
+    theta = np.array([final["recommendation"][n] for n in env.theta_names()])
+    ql = env.test(None, int(env.tau_max), TEST_ENVIRONMENTS, np.random.default_rng(test_seed))
+    history = payload["history"]
+    payload["metrics"] = {
+        "rounds_completed": len(history),
+        "final_score": final["score"],
+        "final_steps": final["steps"],
+        "ql_score": float(env.score_of(ql).mean()),
+        "ql_steps": float(ql.steps.mean()),
+        "table1_ratio": table1_ratio(env, theta, test_seed),
+        "decision_seconds": _mean([h["decision_seconds"] for h in history]),
+        "update_seconds": _mean([h["update_seconds"] for h in history]),
+    }
+
+
+def _grid(policy: Any, spec: Any, seed: int) -> torch.Tensor:
+    """Θ̄ of the recommendation: the policy's own, else a Latin hypercube like it."""
+    if isinstance(policy, FidelityPolicy):
+        return policy.grid
+    from policies._fidelity import latin_hypercube, theta_bounds
+
+    bounds = theta_bounds(spec)
+    unit = torch.tensor(latin_hypercube(500, bounds.shape[0], np.random.default_rng(seed)))
+    return bounds[:, 0] + unit * (bounds[:, 1] - bounds[:, 0])
+
+
+def _checkpoint(
+    env: SubgoalDomain,
+    spec: Any,
+    model: NetworkModel,
+    fitted: FittedModel,
+    grid: torch.Tensor,
+    spent: float,
+    test_seed: list[int],
+) -> dict[str, Any]:
+    """The recommendation now and its test score in the run's test environments."""
+    seen = trials(spec, model)
+    if seen.n == 0:
+        return {"spent": spent, "score": None, "steps": None, "recommendation": {}}
+    theta, _ = recommend(spec, fitted(model), grid, seen)
+    values = np.array([theta[n] for n in env.theta_names()])
+    episode = env.test(values, int(env.tau_max), TEST_ENVIRONMENTS, np.random.default_rng(test_seed))
+    return {
+        "spent": spent,
+        "score": float(env.score_of(episode).mean()),
+        "steps": float(episode.steps.mean()),
+        "recommendation": theta,
+    }
+
+
+def table1_ratio(env: SubgoalDomain, theta: np.ndarray, test_seed: list[int]) -> list[float]:
+    """Table 1 of paper 001 at T = m … 10m: steps with subgoals / steps from scratch (TR: the
+    ratio of discounted returns, higher is better), same test environments for both."""
+    ratios = []
+    for multiple in TABLE1_MULTIPLES:
+        interactions = env.table1_interval * multiple
+        seed = [*test_seed, multiple]
+        with_goals = env.test(theta, interactions, TEST_ENVIRONMENTS, np.random.default_rng(seed))
+        scratch = env.test(None, interactions, TEST_ENVIRONMENTS, np.random.default_rng(seed))
+        if env.step_metric:
+            ratios.append(float(with_goals.steps.mean() / scratch.steps.mean()))
+        else:
+            numerator = float(env.score_of(with_goals).mean())
+            denominator = float(env.score_of(scratch).mean())
+            ratios.append(numerator / denominator if denominator > 0 else math.inf)
+    return ratios
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
