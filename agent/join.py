@@ -62,10 +62,20 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
     if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
         return Verdict("duplicate")
     stored = exp.store.add_reading(
-        exp.name, reading.round, reading.node, reading.value, reading.seq, reading.device_id, now
+        exp.name,
+        reading.round,
+        reading.node,
+        reading.value,
+        reading.seq,
+        reading.device_id,
+        now,
+        variance=reading.variance,
+        replications=reading.replications,
     )
     if not stored:
         return Verdict("duplicate")
+    if reading.variance is not None or reading.replications is not None:
+        _replicated(exp, live, reading.node, reading.variance, reading.replications, now)
     fresh.setdefault(live.number, {})[reading.node] = reading.value
     if live.status is RoundStatus.EXPIRED:
         # readings of an action the agent had given up on: it was applied after all
@@ -73,6 +83,27 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
             acks.overspent(exp, live, "readings_after_expiry", None)
         return Verdict("late")
     return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")
+
+
+def _replicated(
+    exp: Experiment,
+    live: LiveRound,
+    node: str,
+    variance: float | None,
+    replications: int | None,
+    now: float,
+) -> None:
+    """A mean over replications: the model learns it with its own noise, and a reward that
+    averages fewer replications than were asked (q' < q) is charged q'·τ, the rest released."""
+    exp.model.note_replications(live.model_round, node, variance, replications)
+    fidelity = exp.spec.fidelity
+    if fidelity is None or replications is None or node != exp.spec.reward.node:
+        return
+    asked = live.intervention.get(fidelity.replications_action, 0.0)
+    if replications < asked:
+        used = fidelity.cost(live.intervention.get(fidelity.action, 0.0), replications)
+        exp.store.settle_used(exp.name, live.number, used, now)
+        live.log.info("round.partial", replications=replications, asked=asked, cost=used)
 
 
 def implausible(spec: ExperimentSpec, node_name: str, value: float) -> str:

@@ -145,6 +145,10 @@ def _replay_readings(exp: Experiment) -> int:
             )
             continue
         live.readings[reading.node] = reading.value
+        if reading.variance is not None or reading.replications is not None:
+            exp.model.note_replications(
+                live.model_round, reading.node, reading.variance, reading.replications
+            )
         join.observe(exp, live, {reading.node: reading.value}, refit=False)
         if reading.node == exp.model.reward_node:
             exp.regret.observe_reward(reading.round, reading.value)

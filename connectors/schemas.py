@@ -188,9 +188,15 @@ class Reading(MessageModel):
     """sensors → agent: one node value (or reward component) observed in one round.
 
     `seq` counts per device and node, so a QoS 1 redelivery is recognised as a duplicate.
+    A multi-fidelity trial's reading is the mean of q' replications: `replications` says q'
+    (fewer than the action's q when some did not run) and `variance` the variance of that mean
+    (the replicates' sample variance / q'). Version 2 added both; a reading without them is
+    written (and read) as version 1.
     """
 
     SCHEMA: ClassVar[str] = "cbo.reading"
+    VERSION: ClassVar[int] = 2
+    READS: ClassVar[tuple[int, ...]] = (1, 2)
 
     experiment: ExperimentId
     round: Round
@@ -199,6 +205,23 @@ class Reading(MessageModel):
     seq: SequenceNumber
     device_id: DeviceId
     at: UnixTime
+    variance: Annotated[float, Field(ge=0)] | None = None
+    replications: Annotated[int, Field(ge=1, le=MAX_SEQUENCE)] | None = None
+
+    def wire(self) -> tuple[int, dict[str, Any]]:
+        fields = self.model_dump(mode="json")
+        if self.variance is None and self.replications is None:
+            del fields["variance"], fields["replications"]
+            return 1, fields
+        return 2, {k: v for k, v in fields.items() if v is not None}
+
+    @classmethod
+    def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
+        extra = sorted({"variance", "replications"} & set(fields))
+        if version == 1 and extra:
+            raise ValueError(f"{extra[0]}: not a field of version 1 (send version 2)")
+        if version == 2 and not extra:
+            raise ValueError("version 2 carries variance or replications")
 
 
 class Oracle(MessageModel):

@@ -32,6 +32,8 @@ class PlannedReading:
     seq: int
     delay_s: float
     copies: int  # 0: dropped (the seq stays used, as for a message lost on the way), 1, or 2
+    variance: float | None = None  # a mean over replications: the variance of the mean
+    replications: int | None = None
 
     def message(self, experiment: str, round_: int, device_id: str) -> Reading:
         """The reading, stamped now (the sensor measures when it reports)."""
@@ -43,6 +45,8 @@ class PlannedReading:
             seq=self.seq,
             device_id=device_id,
             at=time.time(),
+            variance=self.variance,
+            replications=self.replications,
         )
 
 
@@ -97,7 +101,7 @@ class Actuator:
     def apply(self, action: Action) -> Plan:
         """Validate, step the environment once and plan the messages; Rejected if invalid."""
         applied = self._validate(action)
-        values = self.env.step(applied, self._generator)
+        values, spread = self.env.step_with_spread(applied, self._generator)
         oracle = None if self.optimum is None else self._oracle(action, applied)
         ack = Ack(
             experiment=action.experiment,
@@ -109,7 +113,10 @@ class Actuator:
             applied=applied,
             at=time.time(),
         )
-        readings = [self._plan_reading(node, values[node]) for node in self.env.node_names]
+        readings = [
+            self._plan_reading(node, values[node], *spread.get(node, (None, None)))
+            for node in self.env.node_names
+        ]
         return Plan(ack, oracle, tuple(sorted(readings, key=lambda r: r.delay_s)))
 
     def reject(self, action: Action, reason: str) -> Ack:
@@ -148,7 +155,9 @@ class Actuator:
             at=time.time(),
         )
 
-    def _plan_reading(self, node: str, value: float) -> PlannedReading:
+    def _plan_reading(
+        self, node: str, value: float, variance: float | None, replications: int | None
+    ) -> PlannedReading:
         # Three draws per reading whatever the rates, so changing one rate does not reshuffle
         # the others' decisions for the same seed.
         drop, duplicate, jitter = self._rng.random(), self._rng.random(), self._rng.random()
@@ -159,7 +168,7 @@ class Actuator:
         seq = self._next_seq[node]
         self._next_seq[node] = seq + 1
         delay_s = noise.delay_s + jitter * noise.jitter_s
-        return PlannedReading(node, float(value), seq, delay_s, copies)
+        return PlannedReading(node, float(value), seq, delay_s, copies, variance, replications)
 
 
 def _clip(text: str) -> str:

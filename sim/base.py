@@ -189,6 +189,13 @@ class Environment(ABC):
         sample = self._sample(values, 1, generator)
         return {name: float(sample[name][0]) for name in self.node_names}
 
+    def step_with_spread(
+        self, intervention: Intervention, generator: torch.Generator | None = None
+    ) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+        """`step`, and for each node whose reading is a mean over replications the variance of
+        that mean and their count (none here; paper 001's domains override it)."""
+        return self.step(intervention, generator), {}
+
     def sample(
         self, intervention: Intervention, num: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:

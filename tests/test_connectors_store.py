@@ -705,7 +705,7 @@ def test_a_version_1_store_is_migrated_and_its_rows_read_back(
             "INSERT INTO ledger VALUES (?, 0, 1.0, 'reserved', 10.0, 1.0, NULL, NULL)", (EXP,)
         )
     with Store(db) as store:
-        assert store.schema_version == schema.schema_version() == 3
+        assert store.schema_version == schema.schema_version() == 4
         first, _ = store.rounds(EXP)
         assert (first.applied, first.expires_at, first.intervention) == (None, None, {"X": 0.0})
         assert (first.status, first.attempt) == ("published", 1)

@@ -559,9 +559,12 @@ class Store:
         device_id: str,
         received_at: float,
         measured_at: float | None = None,
+        variance: float | None = None,
+        replications: int | None = None,
     ) -> bool:
         """Store one reading. False (nothing written) if (experiment, device_id, node, seq) is
-        already stored, whatever its other fields.
+        already stored, whatever its other fields. A mean over replications may carry the
+        variance of the mean and their count (multi-fidelity trials).
 
         Raises:
             StoreError: unknown round (readings name a round the store knows), non-finite value.
@@ -573,11 +576,25 @@ class Store:
         text("device_id", device_id)
         received_at = timestamp("received_at", received_at)
         measured = None if measured_at is None else timestamp("measured_at", measured_at)
+        spread = None if variance is None else number("variance", variance, nonneg=True)
+        count = None if replications is None else integer("replications", replications)
+        if count is not None and count < 1:
+            raise StoreError(f"replications must be at least 1, got {count}")
         with self._writing(
             f"add_reading({experiment!r}, round {round}, {node!r})", experiment
         ) as conn:
             return reading_table.add(
-                conn, experiment, round, node, value, seq, device_id, received_at, measured
+                conn,
+                experiment,
+                round,
+                node,
+                value,
+                seq,
+                device_id,
+                received_at,
+                measured,
+                spread,
+                count,
             )
 
     def readings(
@@ -685,6 +702,21 @@ class Store:
         at = timestamp("at", at)
         with self._writing(f"charge({experiment!r}, round {round})", experiment) as conn:
             return ledger_table.charge(conn, experiment, round, at)
+
+    def settle_used(self, experiment: str, round: int, used: float, at: float) -> bool:
+        """Settle only `used` of the round's reservation and release the rest: a multi-fidelity
+        trial that ran q' < q replications costs what it used. From reserved or settled (the
+        ack came first); False (nothing written) if the entry already holds `used`.
+
+        Raises:
+            IllegalTransition: no entry, a released one, or `used` above what was reserved.
+            StoreError: negative or non-finite `used`.
+        """
+        round = integer("round", round)
+        used = number("used", used, nonneg=True)
+        at = timestamp("at", at)
+        with self._writing(f"settle_used({experiment!r}, round {round})", experiment) as conn:
+            return ledger_table.settle_used(conn, experiment, round, used, at)
 
     def ledger(self, experiment: str) -> LedgerTotals:
         """Totals of the experiment's ledger (exactly rounded sums); `.spent` counts the budget."""

@@ -25,6 +25,7 @@ __all__ = [
     "entry",
     "move",
     "reserve",
+    "settle_used",
     "spent",
     "totals",
 ]
@@ -112,14 +113,47 @@ def charge(conn: Connection, experiment: str, round: int, at: float) -> bool:
     return True
 
 
+def settle_used(conn: Connection, experiment: str, round: int, used: float, at: float) -> bool:
+    """Settle `used` (≤ the reservation) and release the rest; False if it holds `used`.
+
+    The entry's amount becomes `used` and `released_amount` the rest of what was reserved
+    (reserved = amount + released_amount), so the budget counts only what the trial used.
+
+    Raises:
+        IllegalTransition: no entry, a released entry, or more than was reserved.
+    """
+    row = conn.execute(
+        "SELECT state, amount, released_amount FROM ledger WHERE experiment = ? AND round = ?",
+        (experiment, round),
+    ).fetchone()
+    if row is None:
+        raise IllegalTransition("ledger", experiment, round, "unreserved", f"settled {used!r}")
+    state, amount, released = row
+    reserved = math.fsum((amount, released))
+    if state == "released" or used > reserved:
+        raise IllegalTransition(
+            "ledger", experiment, round, f"{state} {reserved!r}", f"settled {used!r}"
+        )
+    if state == "settled" and amount == used:
+        return False
+    conn.execute(
+        "UPDATE ledger SET state = 'settled', amount = ?, released_amount = ?, "
+        "settled_at = coalesce(settled_at, ?) WHERE experiment = ? AND round = ?",
+        (used, reserved - used, at, experiment, round),
+    )
+    return True
+
+
 def totals(conn: Connection, experiment: str) -> LedgerTotals:
-    """Exactly rounded sums by state."""
+    """Exactly rounded sums by state; the released part of a partly used reservation counts
+    as released."""
     rows = conn.execute(
-        "SELECT state, amount FROM ledger WHERE experiment = ?", (experiment,)
+        "SELECT state, amount, released_amount FROM ledger WHERE experiment = ?", (experiment,)
     ).fetchall()
     by_state: dict[str, list[float]] = {s: [] for s in LEDGER_STATES}
-    for state, amount in rows:
+    for state, amount, released in rows:
         by_state[state].append(amount)
+        by_state["released"].append(released)
     return LedgerTotals(*(math.fsum(by_state[s]) for s in LEDGER_STATES))
 
 

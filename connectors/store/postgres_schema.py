@@ -160,5 +160,12 @@ _V3: Final[tuple[str, ...]] = (
     "ALTER TABLE experiments ADD COLUMN lease_expires_at double precision",
 )
 
+_V4: Final[tuple[str, ...]] = (
+    "ALTER TABLE readings ADD COLUMN variance double precision CHECK (variance >= 0)",
+    "ALTER TABLE readings ADD COLUMN replications bigint CHECK (replications >= 1)",
+    "ALTER TABLE ledger ADD COLUMN released_amount double precision NOT NULL DEFAULT 0 "
+    "CHECK (released_amount >= 0)",
+)
+
 # MIGRATIONS[i] takes the database from version i to i + 1 (schema.VERSIONS[i] says to what).
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4]

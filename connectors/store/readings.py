@@ -26,15 +26,21 @@ def add(
     device_id: str,
     received_at: float,
     measured_at: float | None,
+    variance: float | None = None,
+    replications: int | None = None,
 ) -> bool:
     """Insert the reading; False (nothing written) if its key is stored. StoreError if the
     round is unknown (readings name a round the store knows)."""
     rounds.require(conn, experiment, round)
     cursor = conn.execute(
         "INSERT INTO readings (experiment, round, node, value, seq, device_id, "
-        "measured_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+        "measured_at, received_at, variance, replications) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (experiment, device_id, node, seq) DO NOTHING",
-        (experiment, round, node, value, seq, device_id, measured_at, received_at),
+        (
+            experiment, round, node, value, seq, device_id, measured_at, received_at,
+            variance, replications,
+        ),
     )
     return cursor.rowcount == 1
 

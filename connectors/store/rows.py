@@ -103,6 +103,8 @@ class ReadingRow:
     device_id: str
     received_at: float
     measured_at: float | None
+    variance: float | None = None  # of a mean over replications (multi-fidelity), else None
+    replications: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ ROUND_COLUMNS: Final = (
     "reason, proposed_at, status_at, applied, expires_at"
 )
 READING_COLUMNS: Final = (
-    "id, experiment, round, node, value, seq, device_id, received_at, measured_at"
+    "id, experiment, round, node, value, seq, device_id, received_at, measured_at, variance, "
+    "replications"
 )
 ORACLE_COLUMNS: Final = "experiment, round, action_id, expected_reward, optimum, at"
 LEDGER_COLUMNS: Final = (

@@ -27,6 +27,8 @@ VERSIONS: Final = (
     "initial schema: experiments, rounds, readings, oracle, ledger, snapshots, dead letters",
     "rounds: what a device applied, and the action's expiry",
     "experiments: desired state (running, paused, stopped) and lease (owner, epoch, expiry)",
+    "readings: the variance of a mean and its replications; ledger: the part of a settled "
+    "reservation released (a partial multi-fidelity trial)",
 )
 
 # The values the CHECK constraints allow, frozen with the migration that wrote them (its DDL

@@ -149,8 +149,19 @@ _V3: Final[tuple[str, ...]] = (
     "ALTER TABLE experiments ADD COLUMN lease_expires_at REAL",
 )
 
+# Version 4: multi-fidelity trials (paper 001). A reading that is a mean over replications may
+# carry the variance of that mean and how many replications it averages (NULL: a plain reading);
+# a reservation settled for less than it held (q' < q replications ran) records the released
+# rest, so reserved = amount + released_amount for such a row.
+_V4: Final[tuple[str, ...]] = (
+    "ALTER TABLE readings ADD COLUMN variance REAL CHECK (variance >= 0)",
+    "ALTER TABLE readings ADD COLUMN replications INTEGER CHECK (replications >= 1)",
+    "ALTER TABLE ledger ADD COLUMN released_amount REAL NOT NULL DEFAULT 0 "
+    "CHECK (released_amount >= 0)",
+)
+
 # MIGRATIONS[i] takes user_version i to i + 1.
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4]
 
 
 def run_migration(conn: sqlite3.Connection, statements: tuple[str, ...], to_version: int) -> None:
