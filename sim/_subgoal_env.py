@@ -85,9 +85,7 @@ class SubgoalDomain(Environment):
     ) -> dict:
         actions = [ActionInfo(n, (SCORE,), b, cost=0.0) for n, b in zip(names, bounds, strict=True)]
         actions.append(ActionInfo(TAU, (SCORE,), (min(levels), max(levels)), cost=0.0))
-        actions.append(
-            ActionInfo(REPS, (SCORE,), (min(replications), max(replications)), cost=0.0)
-        )
+        actions.append(ActionInfo(REPS, (SCORE,), (min(replications), max(replications)), cost=0.0))
         return {
             "intervention_type": "soft",
             "nodes": (NodeInfo(SCORE, (), 0.0, score),),
@@ -112,7 +110,7 @@ class SubgoalDomain(Environment):
     def trial(self, intervention: dict[str, float], rng: np.random.Generator) -> Trial:
         """q replications of τ interactions at θ; the mean score and its variance."""
         values = self.validate(intervention)
-        tau, reps = int(round(values[TAU])), int(round(values[REPS]))
+        tau, reps = round(values[TAU]), round(values[REPS])
         task = self.task(self._theta(values), reps, rng)
         q_table = train(task, tau, rng)
         scores = self.score_of(evaluate(task, q_table, rng))

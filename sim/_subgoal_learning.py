@@ -111,9 +111,7 @@ def train(task: SubgoalTask, interactions: int, rng: np.random.Generator) -> np.
     for _ in range(interactions):
         s = task.state() * k1 + subgoal
         explore = rng.random(r) < EPSILON
-        chosen = np.where(
-            explore, rng.integers(task.actions, size=r), _greedy(q[rows, s], rng)
-        )
+        chosen = np.where(explore, rng.integers(task.actions, size=r), _greedy(q[rows, s], rng))
         before = task.shaping(subgoal)
         reward, terminal, reached = task.step(chosen, rng)
         active = np.minimum(subgoal, max(task.subgoals - 1, 0))

@@ -42,8 +42,9 @@ class TR(GridDomain):
         best = []
         for layout in task.layouts:
             direct = shortest_path(layout, keyed=False)
-            keyed = GridLayout(layout.walls, layout.doors, layout.treasure, layout.treasure,
-                               layout.goal)
+            keyed = GridLayout(
+                layout.walls, layout.doors, layout.treasure, layout.treasure, layout.goal
+            )
             through = shortest_path(keyed, keyed=True)
             to_treasure = int(np.abs(np.argwhere(layout.treasure)[0]).sum())  # open room
             via = 10 * GAMMA ** (to_treasure - 1) + 10 * GAMMA ** (through - 1)

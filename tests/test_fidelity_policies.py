@@ -115,7 +115,9 @@ def test_cheap_trials_inform_the_prediction_at_tau_max() -> None:
     x_top = torch.rand(4, 1, generator=generator, dtype=torch.float64)
     tau_top = torch.full((4,), 10.0, dtype=torch.float64)
     gp = FidelityGP(torch.tensor([[0.0, 1.0]]), tau_max=10.0, tau_min=2.0)
-    gp.learn(x, tau, torch.full((30,), 4.0), _truth(x, tau) + 0.01 * torch.randn(30, generator=generator))
+    gp.learn(
+        x, tau, torch.full((30,), 4.0), _truth(x, tau) + 0.01 * torch.randn(30, generator=generator)
+    )
     gp.learn(x_top, tau_top, torch.full((4,), 4.0), _truth(x_top, tau_top))
     gp.fit(seed=0)
     grid = torch.linspace(0, 1, 50, dtype=torch.float64).unsqueeze(-1)
@@ -133,7 +135,7 @@ def test_a_fidelity_spec_names_its_levers_and_prices_q_tau() -> None:
     spec = parse_spec(fidelity_spec())
     assert spec.parameter_names == ["x"]
     assert spec.fidelity.tau_max == 10.0 and spec.fidelity.cost(5.0, 4) == 20.0
-    with pytest.raises(SpecError, match="fidelity.action"):
+    with pytest.raises(SpecError, match=r"fidelity\.action"):
         parse_spec(fidelity_spec(fidelity={**fidelity_spec()["fidelity"], "action": "nope"}))
     with pytest.raises(SpecError, match="exclude"):
         parse_spec(fidelity_spec(fidelity={**fidelity_spec()["fidelity"], "levels": [20.0]}))

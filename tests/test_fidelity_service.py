@@ -15,8 +15,9 @@ from connectors.store import Store
 @pytest.mark.integration
 def test_besd_runs_gw10_through_the_service_on_the_embedded_broker(tmp_path):
     rounds = 33  # 30 rounds of design (10 θ at each τ), then the knowledge gradient
-    options = DemoOptions(env="gw10", policy="besd", rounds=rounds, live=False, out=tmp_path,
-                          metrics_port=0)
+    options = DemoOptions(
+        env="gw10", policy="besd", rounds=rounds, live=False, out=tmp_path, metrics_port=0
+    )
     result = asyncio.run(run_demo(options, Console(width=120, record=True)))
     assert result.rounds == rounds
     with Store(tmp_path / "demo.sqlite") as store:
@@ -25,7 +26,10 @@ def test_besd_runs_gw10_through_the_service_on_the_embedded_broker(tmp_path):
         assert {r.status for r in stored} == {"closed"}
         readings = store.readings(name)
         assert len(readings) == rounds
-        assert all(r.replications == int(s.intervention["reps"]) for r, s in zip(readings, stored))
+        assert all(
+            r.replications == int(s.intervention["reps"])
+            for r, s in zip(readings, stored, strict=True)
+        )
         assert all(r.variance is not None and r.variance >= 0 for r in readings)
         costs = [r.intervention["reps"] * r.intervention["tau"] for r in stored]
         assert [r.cost for r in stored] == costs

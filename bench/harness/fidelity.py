@@ -34,7 +34,7 @@ import torch
 from bench.harness.episode import RunConfig, plain, skeleton
 from core.network import NetworkModel
 from core.spec import load_spec
-from policies._fidelity import FittedModel, FidelityPolicy, recommend, trials
+from policies._fidelity import FidelityPolicy, FittedModel, recommend, trials
 from policies.base import Constraints, NothingAffordable
 from policies.registry import make_policy
 from sim._subgoal_env import SubgoalDomain
@@ -67,8 +67,11 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
     env = make_environment(config.env, config.seed)
     assert isinstance(env, SubgoalDomain)
     spec = load_spec(config.spec).model_copy(
-        update={"initial_design": load_spec(config.spec).initial_design.model_copy(
-            update={"seed": config.seed})}
+        update={
+            "initial_design": load_spec(config.spec).initial_design.model_copy(
+                update={"seed": config.seed}
+            )
+        }
     )
     budget = spec.constraints.budget_total
     policy = make_policy(config.policy, spec, config.settings)
@@ -116,7 +119,11 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
                 },
             }
         )
-        while budget and next_checkpoint <= CHECKPOINTS and spent >= budget * next_checkpoint / CHECKPOINTS:
+        while (
+            budget
+            and next_checkpoint <= CHECKPOINTS
+            and spent >= budget * next_checkpoint / CHECKPOINTS
+        ):
             payload["curve"].append(_checkpoint(env, spec, model, fitted, grid, spent, test_seed))
             next_checkpoint += 1
     payload["spent"] = spent
@@ -164,7 +171,9 @@ def _checkpoint(
         return {"spent": spent, "score": None, "steps": None, "recommendation": {}}
     theta, _ = recommend(spec, fitted(model), grid, seen)
     values = np.array([theta[n] for n in env.theta_names()])
-    episode = env.test(values, int(env.tau_max), TEST_ENVIRONMENTS, np.random.default_rng(test_seed))
+    episode = env.test(
+        values, int(env.tau_max), TEST_ENVIRONMENTS, np.random.default_rng(test_seed)
+    )
     return {
         "spent": spent,
         "score": float(env.score_of(episode).mean()),

@@ -38,8 +38,16 @@ def add(
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (experiment, device_id, node, seq) DO NOTHING",
         (
-            experiment, round, node, value, seq, device_id, measured_at, received_at,
-            variance, replications,
+            experiment,
+            round,
+            node,
+            value,
+            seq,
+            device_id,
+            measured_at,
+            received_at,
+            variance,
+            replications,
         ),
     )
     return cursor.rowcount == 1
