@@ -85,7 +85,8 @@ class SubgoalDomain(Environment):
     ) -> dict:
         actions = [ActionInfo(n, (SCORE,), b, cost=0.0) for n, b in zip(names, bounds, strict=True)]
         actions.append(ActionInfo(TAU, (SCORE,), (min(levels), max(levels)), cost=0.0))
-        actions.append(ActionInfo(REPS, (SCORE,), (min(replications), max(replications)), cost=0.0))
+        # from 1: a fixed count (GW20's q = 20) still needs bounds with room
+        actions.append(ActionInfo(REPS, (SCORE,), (1.0, float(max(replications))), cost=0.0))
         return {
             "intervention_type": "soft",
             "nodes": (NodeInfo(SCORE, (), 0.0, score),),

@@ -28,6 +28,10 @@ FAST: dict[str, dict[str, Any]] = {
     "gpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "dgpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "random": {},
+    # paper 001's multi-fidelity policies (fidelity specs only)
+    "besd": {"grid_size": 40, "alternatives": 16, "restarts": 0},
+    "ei": {"grid_size": 40, "restarts": 0},
+    "lcb": {"grid_size": 40, "restarts": 0},
 }
 POLICIES = ("mcbo", "eifn", "gpucb")  # the acquisition policies that take any reward
 

@@ -151,7 +151,16 @@ constraints_strategy = st.builds(
 def applicable(spec: ExperimentSpec) -> list[str]:
     """The registered policies that take this spec (D-GP-UCB: a decomposed reward, soft)."""
     decomposed = spec.reward.decomposed and spec.intervention == "soft"
-    return [n for n in policy_names() if n != "dgpucb" or decomposed]
+    return [n for n in policy_names() if (n != "dgpucb" or decomposed) and _takes(n, spec)]
+
+
+def _takes(name: str, spec: ExperimentSpec) -> bool:
+    """Whether the policy accepts the spec (the multi-fidelity ones refuse a plain spec)."""
+    try:
+        make_policy(name, spec)
+    except ValueError:
+        return False
+    return True
 
 
 def trained(spec: ExperimentSpec, rounds: int, seed: int) -> NetworkModel:
