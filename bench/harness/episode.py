@@ -117,7 +117,7 @@ def play(config: RunConfig) -> dict[str, Any]:
 
     A multi-fidelity environment (paper 001's domains) is played by `bench.harness.fidelity`.
     """
-    if getattr(make_environment(config.env, config.seed), "levels", None):
+    if _multi_fidelity(config):
         from bench.harness.fidelity import play_fidelity
 
         return play_fidelity(config)
@@ -132,6 +132,15 @@ def play(config: RunConfig) -> dict[str, Any]:
     payload["wall_seconds"] = time.perf_counter() - started
     payload["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return plain(payload)
+
+
+def _multi_fidelity(config: RunConfig) -> bool:
+    """Whether the environment is one of paper 001's (one that cannot be made fails in `_play`,
+    reported in the payload)."""
+    try:
+        return bool(getattr(make_environment(config.env, config.seed), "levels", None))
+    except Exception:
+        return False
 
 
 def _play(config: RunConfig, payload: dict[str, Any]) -> None:
