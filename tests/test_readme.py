@@ -110,7 +110,17 @@ def test_readme_lists_the_demo_policies_that_work():
     decomposed = re.search(r"`--policy (\w+)` only with `--env ([a-z|-]+)`", paragraph)
     assert anywhere and decomposed, paragraph
     general = anywhere.group(1).split("|")
-    assert sorted([*general, decomposed.group(1)]) == sorted(policy_names())
+    fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
+    assert fidelity, paragraph
+    multi = fidelity.group(1).split("|")
+    assert sorted([*general, *multi, decomposed.group(1)]) == sorted(policy_names())
+    for env in fidelity.group(2).split("|"):
+        spec = demo_spec(DemoOptions(env=env))
+        for policy in multi:
+            candidate = spec.model_copy(
+                update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
+            )
+            assert check_policy(candidate) == [], (env, policy)
     for env in environment_names():
         spec = demo_spec(DemoOptions(env=env))
         for policy in general:
