@@ -57,6 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
         broker=args.broker,
         live=not args.no_live,
         out=Path(args.out),
+        metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         seed=args.seed,
     )
@@ -522,7 +523,17 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--no-live", action="store_true", help="plain lines, no live table")
     demo.add_argument("--out", default="results/demo", help="where the plot and store go")
-    demo.add_argument("--metrics-port", type=int, default=9464, help="/metrics port (9464)")
+    demo.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9464,
+        help="/metrics port (9464); in use: exit 2, never another port; 0: any free port",
+    )
+    demo.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address /metrics listens on (127.0.0.1; 0.0.0.0 in a container)",
+    )
     demo.add_argument(
         "--seed",
         type=int,

@@ -8,8 +8,9 @@ each round as it closes (action, reward, E[y | action], cumulative regret, decis
 
 Everything the options choose is checked before anything starts (`prepare_demo`): an unknown
 environment or policy, a policy the environment's spec cannot use (D-GP-UCB needs a decomposed
-reward), a malformed `--broker` or one that cannot be reached is one line on stderr and exit
-code 2.
+reward), a malformed `--broker` or one that cannot be reached, or a metrics port already in use
+is one line on stderr and exit code 2. The demo never moves to another port by itself:
+`--metrics-port 0` asks for any free one.
 
 `--seed` seeds the run (the initial design, the simulator's noise, delays and jitter). The
 environment is always the instance its example spec describes: seeded environments (weather,
@@ -76,7 +77,8 @@ class DemoOptions:
     broker: str | None = None  # an external broker (BROKER_FORMS); None starts the embedded one
     live: bool = True
     out: Path = Path("results/demo")
-    metrics_port: int = 9464
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464  # 0: any free port
     seed: int = 0
 
 
@@ -90,16 +92,24 @@ class DemoResult:
     plot: Path | None = None
 
 
-def _metrics_port(wanted: int) -> int:
-    """The wanted port if it is free on loopback, else 0 (any free port)."""
-    if wanted == 0:
-        return 0
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def check_metrics_port(host: str, port: int) -> None:
+    """Raise DemoError if the metrics server could not listen on host:port.
+
+    The probe binds as the server will (http.server sets SO_REUSEADDR), so a port that an earlier
+    run left in TIME_WAIT is free here as it is for the server. Port 0 (any free port) always is.
+    """
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("127.0.0.1", wanted))
-        except OSError:
-            return 0
-    return wanted
+            probe.bind((host, port))
+        except OSError as error:
+            raise DemoError(
+                f"--metrics-port {port}: cannot listen on {host}:{port} ({error.strerror}); "
+                "stop what holds it, or choose another port (0: any free port)"
+            ) from None
 
 
 async def _announce_metrics(service: AgentService, console: Console) -> None:
@@ -250,7 +260,8 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
     """The demo's spec and environment, checked before anything starts.
 
     Raises:
-        DemoError: unknown environment or policy, a policy the spec cannot use, a bad --broker.
+        DemoError: unknown environment or policy, a policy the spec cannot use, a bad --broker,
+            a metrics port in use.
     """
     if options.env not in environment_names():
         raise DemoError(unknown_name("environment", options.env, environment_names()))
@@ -269,6 +280,7 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
             hint = f" (dgpucb needs a decomposed reward: --env {usable})"
         problem = problems[0].removeprefix(f"{policy}: ")
         raise DemoError(f"--policy {policy} on --env {options.env}: {problem}{hint}")
+    check_metrics_port(options.metrics_host, options.metrics_port)
     return spec, make_environment(options.env, SPEC_ENV_SEED)
 
 
@@ -313,7 +325,7 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
             broker=BrokerSection(
                 url=address.url_with_credentials, protocol=protocol, persistent_session=False
             ),
-            metrics=MetricsSection(port=_metrics_port(options.metrics_port)),
+            metrics=MetricsSection(host=options.metrics_host, port=options.metrics_port),
             store=StoreSection(path=str(store_path)),
         )
         device = SimulatorDevice(

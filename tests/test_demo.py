@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+from http.server import ThreadingHTTPServer
 
 import pytest
 import torch
 from rich.console import Console
 
 from agent.cli import main
-from agent.demo import SPEC_ENV_SEED, DemoOptions, prepare_demo, run_demo
+from agent.demo import (
+    SPEC_ENV_SEED,
+    DemoError,
+    DemoOptions,
+    check_metrics_port,
+    prepare_demo,
+    run_demo,
+)
 from connectors.store import Store
 from sim.registry import make_environment
 from tests.brokers import free_port
@@ -82,6 +91,51 @@ def test_demo_refuses_bad_options_in_one_line(tmp_path, capsys, argv, message):
     assert main(["demo", "--no-live", "--out", str(tmp_path / "demo"), *argv]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("cbo-agent demo: error:") and message in line
+
+
+def test_demo_refuses_a_metrics_port_in_use_instead_of_moving(tmp_path, capsys):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = tmp_path / "demo"
+        code = main(["demo", "--no-live", "--metrics-port", str(port), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"cbo-agent demo: error: --metrics-port {port}: cannot listen on")
+    assert "Traceback" not in captured.err and not out.exists()
+
+
+def _port_in_time_wait() -> int:
+    """A loopback port with no listener left, only a connection in TIME_WAIT (its side closed
+    first), as a demo that just ended leaves its metrics port."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server's
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: TIME_WAIT on `port`
+            client.recv(1)
+    return port
+
+
+def test_a_metrics_port_in_time_wait_is_free_as_for_the_server():
+    port = _port_in_time_wait()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the old probe: no SO_REUSEADDR, "busy"
+    check_metrics_port("127.0.0.1", port)  # the probe binds as the server does
+    assert ThreadingHTTPServer.allow_reuse_address
+    server = ThreadingHTTPServer(("127.0.0.1", port), None)  # and the server does bind
+    server.server_close()
+    check_metrics_port("127.0.0.1", 0)  # any free port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        with pytest.raises(DemoError, match=f"--metrics-port {holder.getsockname()[1]}:"):
+            check_metrics_port("127.0.0.1", holder.getsockname()[1])
 
 
 @pytest.mark.integration
