@@ -605,11 +605,21 @@ def test_dockerfile_runs_the_service_as_documented() -> None:
 
 def test_dockerfile_installs_with_the_install_script() -> None:
     text = dockerfile()
+    assert len(re.findall(r"^FROM ", text, re.MULTILINE)) == 1, "one stage: no venv copied"
     runs = re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.MULTILINE)
     installs = [r for r in runs if "deploy/install.sh" in r]
-    assert len(installs) == 2 and "--torch-only" in installs[0]
+    assert len(installs) == 3
+    assert "--torch-only" in installs[0] and "--deps-only" in installs[1]
+    assert "--torch-only" not in installs[2] and "--deps-only" not in installs[2]
+    # each layer is trimmed in the RUN that installed it; the last compiles what is imported
+    assert all("deploy/image/slim-venv.sh" in r and "CBO_COMPILE=0" in r for r in installs)
+    assert "--compile-imports" in installs[2]
     assert not any("pip install" in r for r in runs), "pip belongs in deploy/install.sh"
     assert "COPY deploy/install.sh deploy/install.sh" in text
+    # the requirements' layer sees pyproject.toml and no code: it stays cached as the code changes
+    before_deps = text.split(installs[1], 1)[0]
+    copied = re.findall(r"^COPY (\S+)", before_deps, re.MULTILINE)
+    assert copied == ["deploy/install.sh", "deploy/image/slim-venv.sh", "pyproject.toml"]
     # torch: the same default pin as the script; a build argument picks the wheel index
     pin = re.search(r'torch_version="\$\{TORCH_VERSION:-([^}]+)\}"', INSTALL.read_text())
     assert pin and f"ARG TORCH_VERSION={pin.group(1)}" in text
@@ -621,7 +631,7 @@ def test_dockerfile_installs_with_the_install_script() -> None:
     for package in packages:
         assert f"COPY {package} {package}" in text, package
         assert package not in ignored, package
-    assert "!deploy/install.sh" in ignored
+    assert "!deploy/install.sh" in ignored and "!deploy/image/slim-venv.sh" in ignored
 
 
 def test_ci_runs_the_install_script() -> None:
@@ -662,6 +672,15 @@ def test_install_script_installs_torch_first_then_the_project(tmp_path: Path) ->
 
     torch_only = dry_run("--torch-only")
     assert not any(str(ROOT) in step for step in torch_only)
+
+    # the image's second layer: the requirements pyproject.toml declares, not the project
+    deps = dry_run("--deps-only", CBO_EXTRAS="parquet", CBO_COMPILE="0")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["parquet"]
+    *_, requirements = [s for s in deps if " pip install " in s]
+    assert requirements.split("--no-compile ", 1)[1].split() == wanted
+    assert all("--no-compile" in s for s in deps if " pip install " in s)
+    assert not any(str(ROOT) in step for step in deps)
 
 
 @pytest.mark.integration
