@@ -1,14 +1,19 @@
 """The deployment files (Dockerfile, compose, Prometheus, Grafana, Kubernetes) checked for real.
 
-No Docker engine or Grafana here, so: the files parse; they reference each other consistently
-(ports, paths, users, the environment variables agent/config.py reads, the metric names
-connectors/metrics.py exports); promtool checks the Prometheus config and rules and runs their
-unit tests; the install script the Dockerfile runs is syntax-checked and dry-run. The end-to-end
-run against a real Prometheus is in test_deploy_e2e.py.
+No Docker engine, cluster or Grafana needed, so: the files parse; the compose file is valid
+against the compose specification's JSON schema and the Kubernetes manifests against the
+Kubernetes API's (offline: the schemas ship in packages of the test extra); they reference each
+other consistently (ports, paths, users, the environment variables agent/config.py reads, the
+metric names connectors/metrics.py exports); promtool checks the Prometheus config and rules and
+runs their unit tests; the install script the Dockerfile runs is syntax-checked and dry-run. The
+end-to-end run against a real Prometheus is in test_deploy_e2e.py; the image itself runs in
+test_image.py (`make test-image`).
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.resources
 import json
 import os
 import re
@@ -20,7 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+import kubernetes_validate
 import pytest
+import referencing
 import yaml
 
 from agent import config as agent_config
@@ -45,6 +53,13 @@ DASHBOARD_PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "cbo-agent.yml"
 MOSQUITTO_DIR = DEPLOY / "mosquitto"
 MAKE_PASSWD = MOSQUITTO_DIR / "make-passwd.sh"
 K8S = DEPLOY / "k8s"
+ENV_EXAMPLE = DEPLOY / ".env.example"
+# The manifests must be valid for the oldest Kubernetes release we support and the newest one
+# kubernetes-validate has the schemas of.
+KUBERNETES_OLDEST = "1.28"
+# The Prometheus Operator's kinds (not in the Kubernetes API): schemas of the fields we use.
+CRD_SCHEMAS = ROOT / "tests" / "schemas"
+DIGEST_PINNED = re.compile(r"[\w.\-/]+(?::[\w.\-]+)?@sha256:[0-9a-f]{64}")
 
 AGENT_JOB = "cbo-agent"
 DATASOURCE_REF = {"type": "prometheus", "uid": "${datasource}"}
@@ -150,13 +165,39 @@ def compose() -> dict[str, Any]:
     return load_yaml(COMPOSE)
 
 
-def interpolate(value: str) -> str:
-    """Compose's ${VAR:-default} and ${VAR} with an empty environment (the shipped defaults)."""
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ${VAR:-default} and ${VAR}, from `env` (default: empty, the shipped defaults)."""
 
-    def default(match: re.Match[str]) -> str:
-        return match.group(2) or ""
+    def substitute(match: re.Match[str]) -> str:
+        return (env or {}).get(match.group(1)) or match.group(2) or ""
 
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", default, value)
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", substitute, value)
+
+
+def interpolate_all(node: Any, env: dict[str, str] | None = None) -> Any:
+    """A parsed compose file with every string interpolated, as `docker compose config` sees it."""
+    if isinstance(node, dict):
+        return {key: interpolate_all(value, env) for key, value in node.items()}
+    if isinstance(node, list):
+        return [interpolate_all(value, env) for value in node]
+    return interpolate(node, env) if isinstance(node, str) else node
+
+
+def env_example() -> dict[str, str]:
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    pairs = [line.split("=", 1) for line in lines if "=" in line and not line.startswith("#")]
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def compose_errors(document: dict[str, Any]) -> list[str]:
+    """What the compose specification's JSON schema (as check-jsonschema ships it) rejects."""
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads((vendored / "compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return sorted(
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in validator.iter_errors(document)
+    )
 
 
 def service(name: str) -> dict[str, Any]:
@@ -263,6 +304,31 @@ def k8s(kind: str) -> dict[str, Any]:
     found = [obj for (k, _), obj in k8s_objects().items() if k == kind]
     assert len(found) == 1, f"expected one {kind} in deploy/k8s, found {len(found)}"
     return found[0]
+
+
+def kubernetes_versions() -> list[str]:
+    """major.minor of the releases the manifests are checked against."""
+    newest = ".".join(kubernetes_validate.latest_version().split(".")[:2])
+    return [KUBERNETES_OLDEST, newest]
+
+
+def validate_k8s(document: dict[str, Any], version: str) -> None:
+    """Raise jsonschema.ValidationError where `document` breaks the API schema of its kind in
+    that Kubernetes release: strict, so an unknown (misspelt) field fails too."""
+    group = document["apiVersion"].split("/")[0]
+    if group != "monitoring.coreos.com":
+        kubernetes_validate.validate(document, version, strict=True)
+        return
+    path = CRD_SCHEMAS / f"{document['kind'].lower()}-monitoring-v1.json"
+    assert path.is_file(), f"no schema for {document['kind']} in {CRD_SCHEMAS}"
+    release = f"v{version}.0-local-strict"  # kubernetes-validate's schemas of that release
+    schemas = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema" / release
+    definitions = referencing.Resource.from_contents(
+        json.loads((schemas / "_definitions.json").read_text())
+    )
+    schema = json.loads(path.read_text())
+    registry = definitions @ referencing.Registry()
+    jsonschema.Draft202012Validator(schema, registry=registry).validate(document)
 
 
 def config_environment_variables() -> set[str]:
@@ -477,6 +543,34 @@ def test_compose_has_the_stack() -> None:
             assert dependency in services, f"{name} depends on unknown {dependency}"
         for host in published_ports(name).values():
             assert host.startswith("127.0.0.1:"), f"{name}: published beyond loopback by default"
+
+
+def test_compose_file_is_valid_for_the_compose_specification() -> None:
+    """`docker compose config`'s check without an engine: the interpolated file against the
+    compose specification's schema (with the shipped defaults and with .env.example's values)."""
+    for env in ({}, env_example()):
+        assert compose_errors(interpolate_all(compose(), env)) == []
+    broken = interpolate_all(compose())
+    broken["services"]["agent"]["enviroment"] = broken["services"]["agent"].pop("environment")
+    broken["services"]["sim"]["restart"] = ["always"]
+    (typo, wrong_type) = compose_errors(broken)  # the check sees what it is for
+    assert "'enviroment' was unexpected" in typo and wrong_type.startswith("services/sim/restart")
+
+
+def test_compose_images_are_built_here_or_pinned_by_digest() -> None:
+    for name, spec in compose()["services"].items():
+        if "build" in spec:  # ours: built from this repository's Dockerfile
+            assert (DEPLOY / spec["build"]["context"] / spec["build"]["dockerfile"]).is_file()
+        else:
+            assert DIGEST_PINNED.fullmatch(spec["image"]), f"{name}: {spec['image']} not pinned"
+
+
+def test_compose_ports_stay_on_loopback_with_the_example_settings() -> None:
+    example = env_example()
+    assert example["CBO_BIND"] == "127.0.0.1"
+    for name, spec in compose()["services"].items():
+        for entry in spec.get("ports", []):
+            assert interpolate(entry, example).startswith("127.0.0.1:"), f"{name}: {entry}"
 
 
 def test_compose_agent_environment_is_what_the_agent_reads() -> None:
@@ -790,6 +884,42 @@ def test_k8s_prometheus_rule_is_the_alert_file() -> None:
     assert k8s("PrometheusRule")["spec"]["groups"] == load_yaml(ALERTS)["groups"]
 
 
+@pytest.mark.parametrize("version", kubernetes_versions())
+def test_k8s_manifests_are_valid_for_the_kubernetes_api(version: str) -> None:
+    for (kind, name), document in k8s_objects().items():
+        try:
+            validate_k8s(document, version)
+        except jsonschema.ValidationError as error:
+            path = "/".join(map(str, error.absolute_path))
+            message = f"{kind}/{name} on Kubernetes {version}: {path}: {error.message}"
+            raise AssertionError(message) from None
+
+
+def test_k8s_schema_check_sees_typos_and_wrong_types() -> None:
+    """The check fails on what it is for: a misspelt field, a wrong type, a bad duration."""
+    version = kubernetes_versions()[-1]
+
+    def container(deployment: dict[str, Any]) -> dict[str, Any]:
+        return deployment["spec"]["template"]["spec"]["containers"][0]
+
+    def first_rule(rule: dict[str, Any]) -> dict[str, Any]:
+        return rule["spec"]["groups"][0]["rules"][0]
+
+    edits: list[tuple[str, Any]] = [
+        ("Deployment", lambda d: container(d).update(imagePullPolcy="Always")),
+        ("Deployment", lambda d: d["spec"].update(replicas="1")),
+        ("Service", lambda d: d["spec"]["ports"][0].update(port="metrics")),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="15s")),
+        ("PrometheusRule", lambda d: first_rule(d).update({"for": "2 minutes"})),
+    ]
+    for kind, edit in edits:
+        document = copy.deepcopy(k8s(kind))
+        validate_k8s(document, version)
+        edit(document)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_k8s(document, version)
+
+
 @pytest.mark.integration
 def test_kustomize_builds() -> None:
     kubectl = shutil.which("kubectl")
@@ -801,6 +931,8 @@ def test_kustomize_builds() -> None:
     assert {doc["kind"] for doc in rendered} >= {"Deployment", "ServiceMonitor"}
     assert all(doc["metadata"].get("namespace") == "cbo" for doc in rendered
                if doc["kind"] != "Namespace")  # fmt: skip
+    for document in rendered:  # what `kubectl apply -k` would send
+        validate_k8s(document, kubernetes_versions()[-1])
 
 
 # ---------------------------------------------------------------------------- README
