@@ -735,8 +735,27 @@ def test_ci_runs_the_install_script() -> None:
     assert "deploy/install.sh" in makefile or "deploy/install.sh" in ci
 
 
+def test_ci_runs_the_image_smoke_test_after_the_suite() -> None:
+    """.ci/run builds and runs the image (make test-image) after make test, which leaves the
+    `image` tests out; the make target tells them which images to run."""
+    makefile = (ROOT / "Makefile").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line for line in ci.splitlines() if line.startswith("make ")]
+    assert commands == ["make test", "make test-image"]
+    assert '-m "not slow and not image"' in makefile
+    test_image = makefile.split("\ntest-image:", 1)[1].split("\n\n", 1)[0]
+    assert "image" in test_image.splitlines()[0]  # builds first
+    assert "CBO_TEST_IMAGE=$(IMAGE)" in test_image and "-m image" in test_image
+    for package in ("podman", "runc", "debootstrap"):
+        assert f"need+=({package})" in ci
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("script", [INSTALL, MAKE_PASSWD], ids=["install.sh", "make-passwd.sh"])
+@pytest.mark.parametrize(
+    "script",
+    [INSTALL, MAKE_PASSWD, *sorted((DEPLOY / "image").glob("*.sh")), ROOT / ".ci" / "run"],
+    ids=lambda path: path.name,
+)
 def test_shell_scripts_parse(script: Path) -> None:
     shell = "bash" if script.read_text().startswith("#!/usr/bin/env bash") else "sh"
     result = run([require(shell), "-n", str(script)])

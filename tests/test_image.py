@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from tests.brokers import HOST, free_port
-from tests.test_deploy import AGENT_JOB, COMPOSE, DEPLOY, DOCKERFILE, ROOT
+from tests.test_deploy import AGENT_JOB, COMPOSE, DEPLOY, DOCKERFILE, ROOT, interpolate
 from tests.test_deploy_e2e import http_get, processes, prometheus_config, promql, wait_until
 
 IMAGE = os.environ.get("CBO_TEST_IMAGE", "")
@@ -233,15 +233,6 @@ def test_the_demo_in_a_container_serves_metrics_and_healthz(engine: Engine) -> N
 
 
 # ---------------------------------------------------------------------------- the stack's core
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ${VAR:-default} and ${VAR}, from `env`."""
-
-    def substitute(match: re.Match[str]) -> str:
-        return env.get(match.group(1)) or match.group(2) or ""
-
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", substitute, value)
 
 
 @dataclass
