@@ -8,9 +8,9 @@
 #                       scikit-learn, networkx, matplotlib, pyarrow, mpmath; torch's `test/`),
 #                       torch's C++ headers, CMake files and test binaries (torch_shm_manager,
 #                       which torch runs for shared memory, stays), pyarrow's C++ headers and
-#                       sources, Flight RPC and S3 filesystem, and the copies of its build
-#                       tree, notebooks and docs that botorch's wheel installs as top-level
-#                       packages. About 380 MB.
+#                       sources, Flight RPC and S3 filesystem, and the copy of botorch's build
+#                       tree, notebooks and docs that its wheel installs as top-level packages.
+#                       About 380 MB.
 #   --compile-imports   then import every module of the installed project, which writes the
 #                       .pyc files of everything it loads (about 45 MB instead of the 265 MB
 #                       pip writes for every module; deploy/install.sh runs with CBO_COMPILE=0).
