@@ -19,8 +19,16 @@ import uuid
 from functools import partial
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar, get_args, overload
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
+from connectors.arrays import ArrayPayload
 from connectors.topics import validate_experiment_id, validate_identifier
 
 SCHEMA_VERSION: Final = 1
@@ -191,25 +199,38 @@ class Reading(MessageModel):
     A multi-fidelity trial's reading is the mean of q' replications: `replications` says q'
     (fewer than the action's q when some did not run) and `variance` the variance of that mean
     (the replicates' sample variance / q'). Version 2 added both; a reading without them is
-    written (and read) as version 1.
+    written (and read) as version 1. Version 3 carries an `array` (a node with a `shape` in the
+    spec: a sensor vector or a field, `connectors.arrays`) instead of `value`.
     """
 
     SCHEMA: ClassVar[str] = "cbo.reading"
-    VERSION: ClassVar[int] = 2
-    READS: ClassVar[tuple[int, ...]] = (1, 2)
+    VERSION: ClassVar[int] = 3
+    READS: ClassVar[tuple[int, ...]] = (1, 2, 3)
 
     experiment: ExperimentId
     round: Round
     node: Name
-    value: float
+    value: float | None = None
     seq: SequenceNumber
     device_id: DeviceId
     at: UnixTime
     variance: Annotated[float, Field(ge=0)] | None = None
     replications: Annotated[int, Field(ge=1, le=MAX_SEQUENCE)] | None = None
+    array: ArrayPayload | None = None
+
+    @model_validator(mode="after")
+    def _one_value(self) -> Reading:
+        if (self.value is None) == (self.array is None):
+            raise ValueError("a reading carries exactly one of value and array")
+        if self.array is not None and (self.variance is not None or self.replications):
+            raise ValueError("an array reading carries no variance or replications")
+        return self
 
     def wire(self) -> tuple[int, dict[str, Any]]:
         fields = self.model_dump(mode="json")
+        if self.array is not None:
+            return 3, {k: v for k, v in fields.items() if v is not None}
+        del fields["array"]
         if self.variance is None and self.replications is None:
             del fields["variance"], fields["replications"]
             return 1, fields
@@ -217,11 +238,23 @@ class Reading(MessageModel):
 
     @classmethod
     def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
+        if version == 3:
+            if "array" not in fields or "value" in fields:
+                raise ValueError("version 3 carries an array and no value")
+            return
+        if "array" in fields:
+            raise ValueError("array: not a field of version 1 or 2 (send version 3)")
+        if fields.get("value") is None:
+            raise ValueError("value: required in versions 1 and 2")
         extra = sorted({"variance", "replications"} & set(fields))
         if version == 1 and extra:
             raise ValueError(f"{extra[0]}: not a field of version 1 (send version 2)")
         if version == 2 and not extra:
             raise ValueError("version 2 carries variance or replications")
+
+    @property
+    def is_array(self) -> bool:
+        return self.array is not None
 
 
 class Oracle(MessageModel):

@@ -204,7 +204,9 @@ def test_actions_are_read_in_version_1_and_2_and_each_version_has_its_fields() -
     assert reason_of(dumps({**document, "expires_at": None})) == "invalid"
     assert reason_of(dumps({**document, "version": 3})) == "unsupported_version"
     reading = Reading(experiment="e", round=0, node="Y", value=1.0, seq=0, device_id="d", at=0.0)
-    assert reason_of(dumps({**document_of(reading), "version": 3})) == "unsupported_version"
+    assert reason_of(dumps({**document_of(reading), "version": 4})) == "unsupported_version"
+    # version 3 is an array reading: a scalar value there is invalid
+    assert reason_of(dumps({**document_of(reading), "version": 3})) == "invalid"
 
 
 def test_issued_actions_get_distinct_ids() -> None:
