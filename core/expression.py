@@ -30,6 +30,15 @@ _FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "min": torch.minimum,
     "max": torch.maximum,
 }
+# Over arrays (`compile_expression(..., arrays=True)`): each reduces a field, flattened to its
+# last dim, to one number per sample (kept as a dim of 1, so it broadcasts against scalars).
+_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sum": lambda x: x.sum(-1, keepdim=True),
+    "mean": lambda x: x.mean(-1, keepdim=True),
+    "var": lambda x: x.var(-1, unbiased=False, keepdim=True),
+    "amax": lambda x: x.amax(-1, keepdim=True),
+    "amin": lambda x: x.amin(-1, keepdim=True),
+}
 _BINARY = {
     ast.Add: torch.add,
     ast.Sub: torch.sub,
@@ -44,12 +53,15 @@ MAX_LENGTH = 2000
 Compiled = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
 
 
-def compile_expression(text: str, variables: Sequence[str]) -> Compiled:
+def compile_expression(text: str, variables: Sequence[str], *, arrays: bool = False) -> Compiled:
     """Compile `text` into a function of a mapping variable name -> tensor.
 
     Args:
         text: the expression.
         variables: the names it may use (component or action names).
+        arrays: allow the reductions sum, mean, var (population), amax and amin. The caller
+            then passes each array (..., t) flattened and each scalar as (..., 1); arithmetic
+            is element-wise, a reduction maps (..., t) to (..., 1).
 
     Returns:
         f(values) -> tensor broadcast over the inputs' shapes.
@@ -64,10 +76,11 @@ def compile_expression(text: str, variables: Sequence[str]) -> Compiled:
     except SyntaxError as error:
         raise ExpressionError(f"syntax error at column {error.offset}: {error.msg}") from None
     allowed = set(variables)
-    clash = allowed & (set(_FUNCTIONS) | set(_CONSTANTS))
+    clash = allowed & (set(_FUNCTIONS) | set(_REDUCTIONS) | set(_CONSTANTS))
     if clash:
         raise ExpressionError(f"variable names {sorted(clash)} clash with built-in names")
-    _check(tree.body, allowed)
+    functions = {**_FUNCTIONS, **(_REDUCTIONS if arrays else {})}
+    _check(tree.body, allowed, functions)
     body = tree.body
 
     def evaluate(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -76,7 +89,7 @@ def compile_expression(text: str, variables: Sequence[str]) -> Compiled:
         if missing & used:
             raise ExpressionError(f"no value for {sorted(missing & used)}")
         reference = next(iter(values.values()), None)
-        return _evaluate(body, values, reference)
+        return _evaluate(body, values, reference, functions)
 
     return evaluate
 
@@ -87,11 +100,14 @@ def variables_used(text: str) -> set[str]:
     return {
         node.id
         for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and node.id not in _FUNCTIONS and node.id not in _CONSTANTS
+        if isinstance(node, ast.Name)
+        and node.id not in _FUNCTIONS
+        and node.id not in _REDUCTIONS
+        and node.id not in _CONSTANTS
     }
 
 
-def _check(node: ast.AST, allowed: set[str]) -> None:
+def _check(node: ast.AST, allowed: set[str], functions: Mapping[str, Callable]) -> None:
     if isinstance(node, ast.Constant):
         if not isinstance(node.value, int | float) or isinstance(node.value, bool):
             raise ExpressionError(f"only numbers are allowed as constants, not {node.value!r}")
@@ -103,28 +119,31 @@ def _check(node: ast.AST, allowed: set[str]) -> None:
     elif isinstance(node, ast.BinOp):
         if type(node.op) not in _BINARY:
             raise ExpressionError(f"operator {type(node.op).__name__} is not allowed")
-        _check(node.left, allowed)
-        _check(node.right, allowed)
+        _check(node.left, allowed, functions)
+        _check(node.right, allowed, functions)
     elif isinstance(node, ast.UnaryOp):
         if not isinstance(node.op, ast.USub | ast.UAdd):
             raise ExpressionError(f"operator {type(node.op).__name__} is not allowed")
-        _check(node.operand, allowed)
+        _check(node.operand, allowed, functions)
     elif isinstance(node, ast.Call):
-        if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
-            raise ExpressionError(f"only the functions {sorted(_FUNCTIONS)} may be called")
+        if not isinstance(node.func, ast.Name) or node.func.id not in functions:
+            raise ExpressionError(f"only the functions {sorted(functions)} may be called")
         if node.keywords:
             raise ExpressionError("keyword arguments are not allowed")
         expected = 2 if node.func.id in ("min", "max") else 1
         if len(node.args) != expected:
             raise ExpressionError(f"{node.func.id} takes {expected} argument(s)")
         for arg in node.args:
-            _check(arg, allowed)
+            _check(arg, allowed, functions)
     else:
         raise ExpressionError(f"{type(node).__name__} is not allowed in an expression")
 
 
 def _evaluate(
-    node: ast.AST, values: Mapping[str, torch.Tensor], reference: torch.Tensor | None
+    node: ast.AST,
+    values: Mapping[str, torch.Tensor],
+    reference: torch.Tensor | None,
+    functions: Mapping[str, Callable[..., torch.Tensor]],
 ) -> torch.Tensor:
     def constant(value: float) -> torch.Tensor:
         if reference is None:
@@ -136,12 +155,12 @@ def _evaluate(
     if isinstance(node, ast.Name):
         return values[node.id] if node.id in values else constant(_CONSTANTS[node.id])
     if isinstance(node, ast.BinOp):
-        left = _evaluate(node.left, values, reference)
-        right = _evaluate(node.right, values, reference)
+        left = _evaluate(node.left, values, reference, functions)
+        right = _evaluate(node.right, values, reference, functions)
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
-        operand = _evaluate(node.operand, values, reference)
+        operand = _evaluate(node.operand, values, reference, functions)
         return -operand if isinstance(node.op, ast.USub) else operand
     assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    args = [_evaluate(arg, values, reference) for arg in node.args]
-    return _FUNCTIONS[node.func.id](*args)
+    args = [_evaluate(arg, values, reference, functions) for arg in node.args]
+    return functions[node.func.id](*args)

@@ -25,6 +25,9 @@ from core.plain_errors import plain_problems, unknown_name
 SPEC_SCHEMA = "cbo-agent/experiment"
 SPEC_VERSION = 1
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+# The most elements an array node may have: what one reading carries (connectors.arrays keeps
+# the same number; tests/test_spec_arrays.py checks they agree).
+MAX_FIELD_ELEMENTS = 8_192
 
 
 class _Strict(BaseModel):
@@ -69,8 +72,34 @@ class NodeSpec(_Strict):
         description="The known standard deviation of the node's observation noise; leave it out "
         "to have the model learn it.",
     )
+    shape: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=3,
+        description="An array node (paper 002): its reading is an array of this shape, `[t]` "
+        f"(a sensor vector) or `[c, h, w]` (a field), at most {MAX_FIELD_ELEMENTS} elements, "
+        "sent as `cbo.reading` version 3. `bounds` and `valid_range` then hold for each "
+        "element. An array node has no parents, is fed by the soft actions that target it, and "
+        "is a component of a decomposed reward. null: a scalar node.",
+    )
 
     _bounds = field_validator("bounds")(_check_bounds)
+
+    @field_validator("shape")
+    @classmethod
+    def _check_shape(cls, shape: list[int] | None) -> list[int] | None:
+        if shape is None:
+            return None
+        if any(n < 1 for n in shape):
+            raise ValueError("every dimension must be at least 1")
+        if math.prod(shape) > MAX_FIELD_ELEMENTS:
+            raise ValueError(f"{math.prod(shape)} elements > limit of {MAX_FIELD_ELEMENTS}")
+        return shape
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
     _valid_range = field_validator("valid_range")(
         lambda value: None if value is None else _check_bounds(value)
     )
@@ -114,7 +143,9 @@ class RewardSpec(_Strict):
     its own GP; the reward node's value is g(components): it has no model of its own, and its
     parents must be exactly the components. g is `linear`, Σ_j w_j · f_j with each weight a
     number or an expression in the action names (known weights g_j(x)), or an `expression` in
-    the component names (`core.expression`), e.g. a perceived temperature.
+    the component names (`core.expression`), e.g. a perceived temperature, or a registered
+    `function` (`core.field_metrics`). A component may be an array node (paper 002): an
+    expression then reduces it with sum, mean, var, amax or amin, e.g. `-var(field)`.
     """
 
     node: str = Field(description="The node whose value is the reward.")
@@ -123,10 +154,10 @@ class RewardSpec(_Strict):
         description="Decomposed reward only: the nodes the reward is computed from (exactly the "
         "parents of `node`). Empty: the reward is the node's own reading.",
     )
-    aggregation: Literal["linear", "expression"] | None = Field(
+    aggregation: Literal["linear", "expression", "function"] | None = Field(
         default=None,
         description="Decomposed reward only: how g combines the components, `linear` "
-        "(`weights`) or `expression`.",
+        "(`weights`), `expression` or a registered `function`.",
     )
     weights: list[float | str] | None = Field(
         default=None,
@@ -137,6 +168,11 @@ class RewardSpec(_Strict):
         default=None,
         description="`expression` only: g as arithmetic in the component names (+ - * / **, "
         "exp, log, sqrt, ...).",
+    )
+    function: str | None = Field(
+        default=None,
+        description="`function` only: the name of a registered metric of the components "
+        "(`environmental_sse`, `weighted_variance`; see `core.field_metrics`).",
     )
     derivative_bounds: list[float] | None = Field(
         default=None,
@@ -407,6 +443,7 @@ class ExperimentSpec(_Strict):
             *self._target_set_problems(),
             *self._candidate_problems(),
             *self._fidelity_problems(),
+            *self._array_problems(),
         ]
         if self.reward.node not in self.node_names:
             problems.append(
@@ -502,7 +539,7 @@ class ExperimentSpec(_Strict):
         reward = self.reward
         given = [
             name
-            for name in ("aggregation", "weights", "expression", "derivative_bounds")
+            for name in ("aggregation", "weights", "expression", "function", "derivative_bounds")
             if getattr(reward, name) is not None
         ]
         if not reward.decomposed:
@@ -520,11 +557,15 @@ class ExperimentSpec(_Strict):
                 f"({self.node(reward.node).parents})"
             )
         if reward.aggregation is None:
-            problems.append("reward.aggregation: say 'linear' or 'expression'")
+            problems.append("reward.aggregation: say 'linear', 'expression' or 'function'")
         elif reward.aggregation == "linear":
             problems += self._linear_reward_problems()
+        elif reward.aggregation == "function":
+            problems += self._function_reward_problems()
         else:
             problems += self._expression_reward_problems()
+        if reward.aggregation != "function" and reward.function is not None:
+            problems.append("reward.function: only aggregation 'function' takes it")
         bounds = reward.derivative_bounds
         if bounds is not None and (
             len(bounds) != len(reward.components)
@@ -566,11 +607,81 @@ class ExperimentSpec(_Strict):
             return ["reward.weights: an expression reward takes no weights"]
         if not reward.expression:
             return ["reward.expression: required for aggregation 'expression'"]
+        if self.array_nodes:
+            from core.field_reward import FieldReward
+
+            try:
+                FieldReward(self).check()
+            except (ExpressionError, ValueError) as error:
+                return [f"reward.expression: {error}"]
+            return []
         try:
             compile_expression(reward.expression, reward.components)
         except ExpressionError as error:
             return [f"reward.expression: {error}"]
         return []
+
+    def _function_reward_problems(self) -> list[str]:
+        from core.field_metrics import FIELD_METRICS
+
+        reward = self.reward
+        problems = [
+            f"reward.{name}: a function reward takes no {name}"
+            for name in ("weights", "expression")
+            if getattr(reward, name) is not None
+        ]
+        if reward.function is None:
+            problems.append("reward.function: required for aggregation 'function'")
+        elif reward.function not in FIELD_METRICS:
+            problems.append(
+                f"reward.function: {unknown_name('metric', reward.function, list(FIELD_METRICS))}"
+            )
+        if not problems:
+            from core.field_reward import FieldReward
+
+            try:
+                FieldReward(self).check()
+            except (ValueError, RuntimeError) as error:
+                problems.append(f"reward.function: {reward.function} on the components: {error}")
+        return problems
+
+    # ------------------------------------------------------------------ array nodes
+    @property
+    def array_nodes(self) -> dict[str, tuple[int, ...]]:
+        """Array node name -> shape, in spec order."""
+        return {node.name: tuple(node.shape) for node in self.nodes if node.shape is not None}
+
+    def _array_problems(self) -> list[str]:
+        arrays = self.array_nodes
+        if not arrays:
+            return []
+        problems = []
+        if self.intervention != "soft" or self.fidelity is not None:
+            problems.append("nodes: array nodes are for soft experiments without fidelity")
+        for i, node in enumerate(self.nodes):
+            if node.name in arrays and node.parents:
+                problems.append(
+                    f"nodes[{i}].parents: an array node has no parents (the soft actions that "
+                    "target it are its inputs)"
+                )
+            array_parents = [p for p in node.parents if p in arrays]
+            if array_parents and node.name != self.reward.node:
+                problems.append(
+                    f"nodes[{i}].parents: array nodes {array_parents} feed only the reward"
+                )
+        reward = self.reward
+        if reward.node in arrays:
+            problems.append(
+                "reward.node: an array node cannot be the reward; make it a "
+                "component of a decomposed reward"
+            )
+        elif not set(arrays) <= set(reward.components):
+            problems.append(
+                f"reward.components: every array node ({sorted(arrays)}) is a component"
+            )
+        elif reward.aggregation == "linear":
+            problems.append("reward.aggregation: arrays need 'expression' or 'function'")
+        return problems
 
     def _target_set_problems(self) -> list[str]:
         if self.intervention == "soft":

@@ -72,7 +72,7 @@ def test_weather_simulator_and_spec_agree_on_g():
 @pytest.mark.parametrize(
     ("reward", "message"),
     [
-        ({}, "reward.aggregation: say 'linear' or 'expression'"),
+        ({}, "reward.aggregation: say 'linear', 'expression' or 'function'"),
         ({"aggregation": "linear", "weights": [1.0]}, "one weight per component"),
         ({"aggregation": "linear", "weights": [1.0, "z * 2"]}, "reward.weights[1]: unknown name"),
         ({"aggregation": "expression", "expression": "f1 + f3"}, "reward.expression: unknown"),
