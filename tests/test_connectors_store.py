@@ -705,7 +705,7 @@ def test_a_version_1_store_is_migrated_and_its_rows_read_back(
             "INSERT INTO ledger VALUES (?, 0, 1.0, 'reserved', 10.0, 1.0, NULL, NULL)", (EXP,)
         )
     with Store(db) as store:
-        assert store.schema_version == schema.schema_version() == 4
+        assert store.schema_version == schema.schema_version() == len(schema.VERSIONS)
         first, _ = store.rounds(EXP)
         assert (first.applied, first.expires_at, first.intervention) == (None, None, {"X": 0.0})
         assert (first.status, first.attempt) == ("published", 1)
@@ -1001,7 +1001,7 @@ def test_export_writes_csv_with_headers_and_every_row(store: Store, tmp_path: Pa
     assert [len(tables[t]) for t in EXPORT_TABLES] == [3, 6, 1, 3]
     assert list(tables["readings"][0]) == [
         "id", "experiment", "round", "node", "value", "seq", "device_id", "measured_at",
-        "received_at",
+        "received_at", "array_dtype", "array_shape", "array",
     ]  # fmt: skip
     assert [float(r["value"]) for r in tables["readings"]] == [r.value for r in store.readings(EXP)]
     assert tables["ledger"][0]["state"] == "settled" and tables["ledger"][1]["settled_at"] == ""

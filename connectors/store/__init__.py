@@ -124,6 +124,7 @@ from connectors.store.rows import (
 from connectors.store.sql import Connection
 from connectors.store.values import (
     MAX_INT64,
+    array_columns,
     integer,
     json_object,
     node_names,
@@ -561,13 +562,16 @@ class Store:
         measured_at: float | None = None,
         variance: float | None = None,
         replications: int | None = None,
+        array: Any = None,
     ) -> bool:
         """Store one reading. False (nothing written) if (experiment, device_id, node, seq) is
         already stored, whatever its other fields. A mean over replications may carry the
-        variance of the mean and their count (multi-fidelity trials).
+        variance of the mean and their count (multi-fidelity trials). An array reading passes
+        its `array` (numpy, float32 or float64, finite) and, as `value`, its mean.
 
         Raises:
-            StoreError: unknown round (readings name a round the store knows), non-finite value.
+            StoreError: unknown round (readings name a round the store knows), non-finite value,
+                an array that is not float32/float64 or holds a non-finite element.
         """
         round = integer("round", round)
         text("node", node)
@@ -580,6 +584,7 @@ class Store:
         count = None if replications is None else integer("replications", replications)
         if count is not None and count < 1:
             raise StoreError(f"replications must be at least 1, got {count}")
+        packed = None if array is None else array_columns(array)
         with self._writing(
             f"add_reading({experiment!r}, round {round}, {node!r})", experiment
         ) as conn:
@@ -595,6 +600,7 @@ class Store:
                 measured,
                 spread,
                 count,
+                packed,
             )
 
     def readings(

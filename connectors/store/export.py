@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 ExportFormat = Literal["csv", "parquet"]
-ColumnKind = Literal["int", "float", "str"]
+ColumnKind = Literal["int", "float", "str", "floats"]
 Columns = Sequence[tuple[str, ColumnKind]]
 Rows = Sequence[Sequence[Any]]
 
@@ -73,10 +73,25 @@ def check(experiment: str, fmt: str) -> None:
 
 
 def read_tables(conn: Connection, experiment: str) -> dict[str, list[Any]]:
-    """The experiment's rows of each of EXPORT_TABLES, in the columns of `_QUERIES`."""
-    return {
+    """The experiment's rows of each of EXPORT_TABLES, in the columns of `_QUERIES`; an array
+    reading's bytes become a flat list of floats (C order; `array_shape` gives the shape)."""
+    tables = {
         name: conn.execute(_QUERIES[name][1], (experiment,)).fetchall() for name in EXPORT_TABLES
     }
+    tables["readings"] = [_unpack_array(row) for row in tables["readings"]]
+    return tables
+
+
+def _unpack_array(row: Sequence[Any]) -> list[Any]:
+    """The readings row with its last column, the array's bytes, as a list of floats."""
+    *head, data = row
+    dtype = head[-2]
+    if data is None or dtype is None:
+        return [*head, None]
+    import numpy as np
+
+    values = np.frombuffer(bytes(data), dtype="<f4" if dtype == "float32" else "<f8")
+    return [*head, values.astype(np.float64).tolist()]
 
 
 def write_tables(
@@ -100,13 +115,26 @@ def write_csv(path: Path, columns: Columns, rows: Rows) -> None:
     with _atomic(path, newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow([name for name, _ in columns])
-        writer.writerows(["" if value is None else value for value in row] for row in rows)
+        writer.writerows([_csv_cell(value) for value in row] for row in rows)
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, list):  # an array: JSON, floats as repr (they read back bit for bit)
+        return "[" + ",".join(repr(float(v)) for v in value) + "]"
+    return value
 
 
 def write_parquet(path: Path, columns: Columns, rows: Rows) -> None:
     """Write the rows as one Parquet file with an explicit schema (so empty tables have one)."""
     pa = require_pyarrow()
-    types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+    types = {
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "str": pa.string(),
+        "floats": pa.list_(pa.float64()),
+    }
     schema = pa.schema([(name, types[kind]) for name, kind in columns])
     data = {name: [row[i] for row in rows] for i, (name, _) in enumerate(columns)}
     table = pa.Table.from_pydict(data, schema=schema)
@@ -144,7 +172,8 @@ def _columns(spec: str) -> list[tuple[str, ColumnKind]]:
 
 def _query(table: str, spec: str, order: str) -> tuple[list[tuple[str, ColumnKind]], str]:
     columns = _columns(spec)
-    names = ", ".join(name for name, _ in columns)
+    # a `floats` column is read from its bytes column (`array` <- `array_data`)
+    names = ", ".join(f"{name}_data" if kind == "floats" else name for name, kind in columns)
     return columns, f"SELECT {names} FROM {table} WHERE experiment = ? ORDER BY {order}"
 
 
@@ -160,7 +189,7 @@ _QUERIES: Final = {
     "readings": _query(
         "readings",
         "id:int, experiment:str, round:int, node:str, value:float, seq:int, device_id:str, "
-        "measured_at:float, received_at:float",
+        "measured_at:float, received_at:float, array_dtype:str, array_shape:str, array:floats",
         "id",
     ),
     "oracle": _query(

@@ -167,5 +167,12 @@ _V4: Final[tuple[str, ...]] = (
     "CHECK (released_amount >= 0)",
 )
 
+_V_ARRAYS: Final[tuple[str, ...]] = (
+    "ALTER TABLE readings ADD COLUMN array_dtype text "
+    "CHECK (array_dtype IN ('float32', 'float64'))",
+    "ALTER TABLE readings ADD COLUMN array_shape text",
+    "ALTER TABLE readings ADD COLUMN array_data bytea",
+)
+
 # MIGRATIONS[i] takes the database from version i to i + 1 (schema.VERSIONS[i] says to what).
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS]

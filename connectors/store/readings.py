@@ -28,14 +28,17 @@ def add(
     measured_at: float | None,
     variance: float | None = None,
     replications: int | None = None,
+    array: tuple[str, str, bytes] | None = None,
 ) -> bool:
     """Insert the reading; False (nothing written) if its key is stored. StoreError if the
-    round is unknown (readings name a round the store knows)."""
+    round is unknown (readings name a round the store knows). `array`: an array reading's
+    dtype, shape (JSON) and little-endian bytes."""
     rounds.require(conn, experiment, round)
+    dtype, shape, data = array if array is not None else (None, None, None)
     cursor = conn.execute(
         "INSERT INTO readings (experiment, round, node, value, seq, device_id, "
-        "measured_at, received_at, variance, replications) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "measured_at, received_at, variance, replications, array_dtype, array_shape, "
+        "array_data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (experiment, device_id, node, seq) DO NOTHING",
         (
             experiment,
@@ -48,6 +51,9 @@ def add(
             received_at,
             variance,
             replications,
+            dtype,
+            shape,
+            data,
         ),
     )
     return cursor.rowcount == 1

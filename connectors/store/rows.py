@@ -105,6 +105,23 @@ class ReadingRow:
     measured_at: float | None
     variance: float | None = None  # of a mean over replications (multi-fidelity), else None
     replications: int | None = None
+    array_dtype: str | None = None  # an array reading: 'float32' or 'float64', else None
+    array_shape: str | None = None  # its shape, a JSON list
+    array_data: bytes | None = None  # its little-endian C-order bytes (`value` is its mean)
+
+    @property
+    def is_array(self) -> bool:
+        return self.array_dtype is not None
+
+    def array(self) -> Any:
+        """The array (numpy, read-only) of an array reading; None for a scalar one."""
+        if self.array_dtype is None or self.array_shape is None or self.array_data is None:
+            return None
+        import numpy as np  # lazily, as snapshots: a scalar store never needs it
+
+        dtype = np.dtype("<f4" if self.array_dtype == "float32" else "<f8")
+        shape = [int(n) for n in json.loads(self.array_shape)]
+        return np.frombuffer(bytes(self.array_data), dtype=dtype).reshape(shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +186,7 @@ ROUND_COLUMNS: Final = (
 )
 READING_COLUMNS: Final = (
     "id, experiment, round, node, value, seq, device_id, received_at, measured_at, variance, "
-    "replications"
+    "replications, array_dtype, array_shape, array_data"
 )
 ORACLE_COLUMNS: Final = "experiment, round, action_id, expected_reward, optimum, at"
 LEDGER_COLUMNS: Final = (

@@ -29,6 +29,8 @@ VERSIONS: Final = (
     "experiments: desired state (running, paused, stopped) and lease (owner, epoch, expiry)",
     "readings: the variance of a mean and its replications; ledger: the part of a settled "
     "reservation released (a partial multi-fidelity trial)",
+    # issue 15 was assigned version 6: another branch holds version 5; the lead renumbers on merge
+    "readings: arrays (a node with a shape): dtype, shape and little-endian bytes",
 )
 
 # The values the CHECK constraints allow, frozen with the migration that wrote them (its DDL

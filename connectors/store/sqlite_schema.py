@@ -160,8 +160,18 @@ _V4: Final[tuple[str, ...]] = (
     "CHECK (released_amount >= 0)",
 )
 
+# Array readings (paper 002): the array's dtype ('float32' or 'float64'), its shape as a JSON
+# list and its little-endian C-order bytes, all NULL for a scalar reading. `value` holds the
+# array's mean, so tools that read only the scalar column see a number.
+_V_ARRAYS: Final[tuple[str, ...]] = (
+    "ALTER TABLE readings ADD COLUMN array_dtype TEXT "
+    "CHECK (array_dtype IN ('float32', 'float64'))",
+    "ALTER TABLE readings ADD COLUMN array_shape TEXT",
+    "ALTER TABLE readings ADD COLUMN array_data BLOB",
+)
+
 # MIGRATIONS[i] takes user_version i to i + 1.
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS]
 
 
 def run_migration(conn: sqlite3.Connection, statements: tuple[str, ...], to_version: int) -> None:

@@ -11,12 +11,13 @@ import json
 import math
 import operator
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from connectors.store.errors import StoreError
 
 __all__ = [
     "MAX_INT64",
+    "array_columns",
     "dumps",
     "integer",
     "json_object",
@@ -97,3 +98,18 @@ def json_object(value: object, what: str) -> str:
         return dumps(dict(value))
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{what} is not JSON-serializable: {exc}") from exc
+
+
+def array_columns(array: Any) -> tuple[str, str, bytes]:
+    """(dtype, shape as JSON, little-endian C-order bytes) of a float32/float64 numpy array;
+    StoreError for another dtype or a non-finite element."""
+    import numpy as np
+
+    values = np.asarray(array)
+    if values.dtype not in (np.float32, np.float64):
+        raise StoreError(f"array must be float32 or float64, got {values.dtype}")
+    if values.ndim == 0 or not np.isfinite(values).all():
+        raise StoreError("array must have a shape and finite elements")
+    dtype = "float32" if values.dtype == np.float32 else "float64"
+    little = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    return dtype, json.dumps([int(n) for n in values.shape]), little.tobytes()
