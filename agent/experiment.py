@@ -127,7 +127,7 @@ class Experiment:
 
     def missing_readings(self) -> dict[int, list[str]]:
         """Acked rounds closed without every node's reading: round -> nodes still unread."""
-        expected = set(self.model.order)
+        expected = set(self.model.reported)
         return {
             live.number: sorted(expected - set(live.readings))
             for live in self.rounds.values()
@@ -213,7 +213,7 @@ class Experiment:
             self.open.add(live)
 
     def maybe_close(self, live: LiveRound, now: float) -> None:
-        if live.status is RoundStatus.ACKED and set(self.model.order) <= set(live.readings):
+        if live.status is RoundStatus.ACKED and set(self.model.reported) <= set(live.readings):
             self.close_round(live, now, "complete")
 
     def close_round(self, live: LiveRound, now: float, why: str) -> None:
@@ -223,7 +223,7 @@ class Experiment:
         self.open.remove(live.number)
         self.store.set_round_status(self.name, live.number, RoundStatus.CLOSED, now, why)
         self.last_close_at = live.last_reading_at if why == "complete" else now
-        missing = sorted(set(self.model.order) - set(live.readings))
+        missing = sorted(set(self.model.reported) - set(live.readings))
         reward = live.readings.get(self.model.reward_node)
         live.log.info("round.closed", why=why, missing=missing or None, reward=reward)
         telemetry.closed(self, live, now, why)

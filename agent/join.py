@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from agent import acks, telemetry
 from agent.rounds import LiveRound, RoundStatus, Verdict
@@ -25,7 +27,7 @@ __all__ = ["IMPLAUSIBLE_SPANS", "implausible", "observe", "on_oracle", "on_readi
 
 IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
 
-Fresh = dict[int, dict[str, float]]  # round -> node -> value, admitted in this batch
+Fresh = dict[int, dict[str, Any]]  # round -> node -> value (an array node's: numpy), this batch
 
 
 def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
@@ -56,7 +58,13 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         return Verdict("rejected", "unknown_node")
     if live.status is RoundStatus.REJECTED:
         return Verdict("rejected", "stale_round")  # the device refused the action
-    bad = implausible(exp.spec, reading.node, reading.value)
+    value: Any = reading.value
+    if reading.array is not None or exp.spec.node(reading.node).is_array:
+        array, bad = array_value(exp.spec, reading)
+        value, scalar = array, float(array.mean()) if array is not None else 0.0
+    else:
+        scalar = float(reading.value)  # type: ignore[arg-type]
+        bad = implausible(exp.spec, reading.node, scalar)
     if bad:
         return Verdict("rejected", bad)
     if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
@@ -65,18 +73,19 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         exp.name,
         reading.round,
         reading.node,
-        reading.value,
+        scalar,
         reading.seq,
         reading.device_id,
         now,
         variance=reading.variance,
         replications=reading.replications,
+        array=value if isinstance(value, np.ndarray) else None,
     )
     if not stored:
         return Verdict("duplicate")
     if reading.variance is not None or reading.replications is not None:
         _replicated(exp, live, reading.node, reading.variance, reading.replications, now)
-    fresh.setdefault(live.number, {})[reading.node] = reading.value
+    fresh.setdefault(live.number, {})[reading.node] = value
     if live.status is RoundStatus.EXPIRED:
         # readings of an action the agent had given up on: it was applied after all
         if exp.store.charge(exp.name, live.number, now):
@@ -121,8 +130,31 @@ def implausible(spec: ExperimentSpec, node_name: str, value: float) -> str:
     return "" if low <= value <= high else "out_of_range"
 
 
+def array_value(spec: ExperimentSpec, reading: Reading) -> tuple[np.ndarray | None, str]:
+    """An array node's reading and '' — or None and why it is rejected: a scalar for an array
+    node (`not_an_array`), an array for a scalar node (`unexpected_array`), another shape than
+    the spec's (`wrong_shape`), an element outside the node's range (`out_of_range`, as
+    `implausible` for a scalar). NaN and oversized arrays never get here: the codec refuses
+    them (`invalid`, `oversized`)."""
+    node = spec.node(reading.node)
+    if reading.array is None:
+        return None, "not_an_array"
+    if node.shape is None:
+        return None, "unexpected_array"
+    array = reading.array.to_numpy()
+    if list(array.shape) != list(node.shape):
+        return None, "wrong_shape"
+    low, high = node.valid_range or node.bounds
+    if node.valid_range is None:
+        reach = IMPLAUSIBLE_SPANS * (high - low)
+        low, high = low - reach, high + reach
+    if not bool(((array >= low) & (array <= high)).all()):
+        return None, "out_of_range"
+    return array, ""
+
+
 def observe(
-    exp: Experiment, live: LiveRound, values: dict[str, float], *, refit: bool = True
+    exp: Experiment, live: LiveRound, values: dict[str, Any], *, refit: bool = True
 ) -> LearnReport | None:
     """Teach the model; a failure is logged, never fatal (the readings stay stored).
 
@@ -136,7 +168,7 @@ def observe(
         return None
 
 
-def _teach(exp: Experiment, batch: list[tuple[LiveRound, dict[str, float]]], now: float) -> None:
+def _teach(exp: Experiment, batch: list[tuple[LiveRound, dict[str, Any]]], now: float) -> None:
     """Teach the model the new readings of a batch's rounds, several with one block update.
 
     `NetworkModel.observe_many` reads each node's factor once for the whole batch instead of
@@ -145,7 +177,10 @@ def _teach(exp: Experiment, batch: list[tuple[LiveRound, dict[str, float]]], now
     """
     for live, values in batch:
         exp.forget_pending(live)  # the real readings replace the round's pending points
-        live.readings.update(values)
+        # an array node's entry is its mean: the round's record for logs and completeness
+        live.readings.update(
+            {k: float(v.mean()) if isinstance(v, np.ndarray) else v for k, v in values.items()}
+        )
         live.last_reading_at = now
     if len(batch) == 1:
         _teach_round(exp, *batch[0], now)
@@ -165,7 +200,7 @@ def _teach(exp: Experiment, batch: list[tuple[LiveRound, dict[str, float]]], now
     _taught(exp, [live for live, _ in batch], report, time.perf_counter() - started, now)
 
 
-def _teach_round(exp: Experiment, live: LiveRound, values: dict[str, float], now: float) -> None:
+def _teach_round(exp: Experiment, live: LiveRound, values: dict[str, Any], now: float) -> None:
     started = time.perf_counter()
     report = observe(exp, live, values)
     _taught(exp, [live], report, time.perf_counter() - started, now)

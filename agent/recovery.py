@@ -138,6 +138,10 @@ def _replay_readings(exp: Experiment) -> int:
     readings = exp.store.readings(exp.name)
     for reading in readings:
         live = exp.rounds[reading.round]
+        if reading.is_array:  # the join checked it against the spec before storing it
+            live.readings[reading.node] = reading.value
+            join.observe(exp, live, {reading.node: reading.array()}, refit=False)
+            continue
         if reason := join.implausible(exp.spec, reading.node, reading.value):
             # stored by an older, laxer agent: skipped, as the join would reject it today
             live.log.warning(

@@ -17,15 +17,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
+from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
+from core.gp.field import FieldModel, FieldModelKind
 from core.reward import RewardFunction
 from core.spec import ExperimentSpec
 
 Intervention = Mapping[str, float]
-Readings = Mapping[str, float]
+# node -> value; an array node's value is its array (numpy or torch, the node's shape)
+Readings = Mapping[str, Any]
 _MIN_VARIANCE = 1e-24  # output units²; see `NetworkModel.node_posterior`
 
 
@@ -81,6 +86,7 @@ class Round:
     learned: set[str] = field(default_factory=set)
     variances: dict[str, float] = field(default_factory=dict)
     replications: dict[str, int] = field(default_factory=dict)
+    arrays: dict[str, torch.Tensor] = field(default_factory=dict)  # array nodes' readings
 
 
 class NetworkModel:
@@ -101,12 +107,25 @@ class NetworkModel:
         self.spec = spec
         self.dtype, self.device = dtype, torch.device(device)
         self.reward_node = spec.reward.node
+        # Array nodes (paper 002) have a `FieldModel` each, built on first use; a reward over
+        # them (or a registered metric) is a `FieldReward`.
+        self.array_shapes: dict[str, tuple[int, ...]] = spec.array_nodes
+        self.field_reward = (
+            FieldReward(spec)
+            if self.array_shapes or spec.reward.aggregation == "function"
+            else None
+        )
         # A decomposed reward (paper 003) is g(components), known: it has no GP of its own.
-        self.reward_function = RewardFunction(spec) if spec.reward.decomposed else None
+        self.reward_function = (
+            RewardFunction(spec) if spec.reward.decomposed and self.field_reward is None else None
+        )
         self.nodes: list[str] = spec.topological_order()
-        self.order: list[str] = [  # the nodes with a GP, in topological order
-            n for n in self.nodes if not (self.reward_function and n == self.reward_node)
+        self.order: list[str] = [  # the scalar nodes with a GP, in topological order
+            n
+            for n in self.nodes
+            if not (spec.reward.decomposed and n == self.reward_node) and n not in self.array_shapes
         ]
+        self.fields: dict[str, FieldModel] = {}  # array node -> its model, once built
         self.action_names: list[str] = spec.action_names
         self._action_column = {name: i for i, name in enumerate(self.action_names)}
         self.inputs: dict[str, NodeInputs] = {
@@ -121,6 +140,12 @@ class NetworkModel:
         self._flat_rounds: set[int] = set()  # rounds the flat GP has learned
 
     # ------------------------------------------------------------------ structure
+    @property
+    def reported(self) -> list[str]:
+        """The nodes devices report in every round: the scalar nodes with a GP, then the
+        array nodes (a decomposed reward is composed, not reported)."""
+        return [*self.order, *self.array_shapes]
+
     def _feeding_actions(self, node: str) -> tuple[str, ...]:
         if self.spec.intervention == "hard":
             return ()
@@ -264,15 +289,36 @@ class NetworkModel:
         for node, value in readings.items():
             if node not in self.inputs:
                 raise KeyError(f"unknown node {node!r}")
+            if node in self.array_shapes:
+                self._admit_array(record, node, value)
+                continue
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"reading of {node} is not finite: {value}")
             record.readings[node] = value
         self._compose_reward(record)
 
+    def _admit_array(self, record: Round, node: str, value: Any) -> None:
+        """An array reading: checked against the node's shape, kept in `record.arrays` (its
+        mean in `record.readings`, for logs), learned by the node's field model if built."""
+        array = torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=self.dtype)
+        shape = self.array_shapes[node]
+        if tuple(array.shape) != shape:
+            raise ValueError(f"reading of {node} has shape {list(array.shape)}, not {list(shape)}")
+        if not bool(torch.isfinite(array).all()):
+            raise ValueError(f"reading of {node} holds non-finite values")
+        if node in record.arrays:
+            return
+        record.arrays[node] = array
+        record.readings[node] = float(array.mean())
+        if node in self.fields:
+            self.fields[node].learn_one(self._field_input(node, record.intervention), array)
+
     def _learn_rows(self, rows: Sequence[tuple[Round, str]], refit: bool) -> LearnReport:
         """Learn (round, node) rows with one block: each node's rows in the order given."""
         b = len(self.order)
+        if b == 0:  # array nodes only: their field models learned in `_admit_array`
+            return LearnReport(torch.zeros(0, dtype=self.dtype))
         per_member: list[list[tuple[Round, str]]] = [[] for _ in range(b)]
         for record, node in rows:
             per_member[self.member[node]].append((record, node))
@@ -318,6 +364,9 @@ class NetworkModel:
 
     def _compose_reward(self, record: Round) -> None:
         """A decomposed reward not reported itself is g of the reported components."""
+        if self.field_reward is not None:
+            self._compose_field_reward(record)
+            return
         g = self.reward_function
         if g is None or self.reward_node in record.readings:
             return
@@ -328,6 +377,21 @@ class NetworkModel:
                 for a in self.action_names
             }
             record.readings[self.reward_node] = float(g(components, actions))
+
+    def _compose_field_reward(self, record: Round) -> None:
+        g = self.field_reward
+        assert g is not None
+        if self.reward_node in record.readings:
+            return
+        values = {}
+        for name in g.components:
+            if name in record.arrays:
+                values[name] = record.arrays[name]
+            elif name in record.readings and name not in self.array_shapes:
+                values[name] = torch.tensor(record.readings[name], dtype=self.dtype)
+            else:
+                return
+        record.readings[self.reward_node] = float(g(values))
 
     def _complete_nodes(self, record: Round) -> list[str]:
         fixed = self.set_nodes(record.intervention)
@@ -342,6 +406,8 @@ class NetworkModel:
 
     def _learn(self, record: Round, nodes: Iterable[str], refit: bool) -> LearnReport:
         b = len(self.order)
+        if b == 0:  # array nodes only: their field models learned in `_admit_array`
+            return LearnReport(torch.zeros(0, dtype=self.dtype))
         x = torch.zeros(b, self.input_dim, dtype=self.dtype, device=self.device)
         y = torch.zeros(b, dtype=self.dtype, device=self.device)
         mask = torch.zeros(b, dtype=torch.bool, device=self.device)
@@ -376,6 +442,8 @@ class NetworkModel:
         policy proposing the next round in parallel looks elsewhere. Returns a handle for
         `drop_pending`, to be called before the round's readings are learned.
         """
+        if not self.order:  # array nodes only: nothing to condition (see docs/design.md)
+            return -1
         actions = self.action_vector(intervention).unsqueeze(0)
         fixed = self.set_nodes(intervention)
         set_actions = tuple(intervention) if self.spec.intervention == "hard" else ()
@@ -394,7 +462,8 @@ class NetworkModel:
 
     def drop_pending(self, handle: int) -> None:
         """Forget a pending round (its readings are about to be learned, or will never come)."""
-        self.gp.drop_pending(handle)
+        if handle >= 0:
+            self.gp.drop_pending(handle)
 
     # ------------------------------------------------------------------ prediction
     def node_posterior(self, node: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -476,6 +545,50 @@ class NetworkModel:
         if not columns:
             return actions.new_zeros((*lead, 0))
         return torch.stack(columns, dim=-1)
+
+    # ------------------------------------------------------------------ array nodes
+    def _field_input(self, node: str, intervention: Intervention) -> torch.Tensor:
+        """(d,) the field model's input: the soft actions that target the node."""
+        actions = self.inputs[node].actions
+        return torch.tensor([float(intervention.get(a, 0.0)) for a in actions], dtype=self.dtype)
+
+    def field_inputs(self, node: str, actions: torch.Tensor) -> torch.Tensor:
+        """(..., d) the field model's inputs from action vectors (..., A)."""
+        columns = [self._action_column[a] for a in self.inputs[node].actions]
+        return actions[..., columns]
+
+    def field_model(
+        self, node: str, kind: FieldModelKind = "hogp", fit_steps: int = 50
+    ) -> FieldModel:
+        """The array node's model, built from `history` on first use and then kept up to date
+        by `observe` (O(n²) per reading). Its hyperparameters are fitted by `refresh_field`,
+        which the array policies call before proposing (in the policy's worker thread, off the
+        ingest path). The kind and fit effort of the first call stay."""
+        if node not in self.fields:
+            inputs = self.inputs[node]
+            if not inputs.actions:
+                raise ValueError(f"array node {node!r} has no soft action targeting it")
+            bounds = torch.tensor(
+                [self.spec.action(a).bounds for a in inputs.actions], dtype=self.dtype
+            )
+            model = FieldModel(
+                bounds, self.array_shapes[node], kind, self.spec.model.refit_every, fit_steps
+            )
+            for record in self.history:
+                if node in record.arrays:
+                    model.learn_one(
+                        self._field_input(node, record.intervention), record.arrays[node]
+                    )
+            self.fields[node] = model
+        return self.fields[node]
+
+    def refresh_field(self, node: str) -> bool:
+        """Refit the node's field model when due (see `FieldModel.refit_due`); True if it did."""
+        model = self.fields[node]
+        if model.refit_due:
+            model.refit()
+            return True
+        return False
 
     # ------------------------------------------------------------------ flat model (GP-UCB)
     @property

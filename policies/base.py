@@ -107,8 +107,16 @@ class Policy(ABC):
 
     name: ClassVar[str]
     Settings: ClassVar[type[PolicySettings]] = PolicySettings
+    # Whether the policy works on specs with array nodes (paper 002), whose rewards have no
+    # scalar rollout through the network: those that only need the flat model or none.
+    handles_arrays: ClassVar[bool] = False
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
+        if (spec.array_nodes or spec.reward.aggregation == "function") and not self.handles_arrays:
+            raise ValueError(
+                f"{self.name}: the spec's reward is a function of arrays; policies for it: "
+                "eicf, ucbcf, eimetric, gpucb, random"
+            )
         self.spec = spec
         try:
             self.settings = self.Settings.model_validate(dict(settings or {}))

@@ -42,6 +42,7 @@ class GPUCBPolicy(SearchPolicy):
     """Upper confidence bound of one actions → reward GP that ignores the graph."""
 
     name = "gpucb"
+    handles_arrays = True
     Settings = GPUCBSettings
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:

@@ -69,6 +69,7 @@ class RandomPolicy(Policy):
     """Draw an admissible target set or support, then values uniformly within the budget."""
 
     name = "random"
+    handles_arrays = True
     Settings = RandomSettings
 
     def propose(

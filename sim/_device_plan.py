@@ -12,11 +12,16 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
+from connectors.arrays import ArrayPayload
 from connectors.schemas import DEADLETTER_TEXT_LIMIT, Ack, Action, Oracle, Reading
 from sim.base import Environment
+
+_FLOAT64_ELEMENTS = 4_096  # 32 kB of float64, 43.7 kB as base64: under the 64 KiB limit
 
 
 class Rejected(Exception):
@@ -28,12 +33,13 @@ class PlannedReading:
     """One node's value of one round, `delay_s` after the action was applied."""
 
     node: str
-    value: float
+    value: float | None  # None for an array node
     seq: int
     delay_s: float
     copies: int  # 0: dropped (the seq stays used, as for a message lost on the way), 1, or 2
     variance: float | None = None  # a mean over replications: the variance of the mean
     replications: int | None = None
+    array: np.ndarray | None = None  # an array node's reading
 
     def message(self, experiment: str, round_: int, device_id: str) -> Reading:
         """The reading, stamped now (the sensor measures when it reports)."""
@@ -47,7 +53,14 @@ class PlannedReading:
             at=time.time(),
             variance=self.variance,
             replications=self.replications,
+            array=None if self.array is None else _payload(self.array),
         )
+
+
+def _payload(array: np.ndarray) -> ArrayPayload:
+    """float64 where it fits the default payload limit with room to spare, else float32."""
+    dtype = "float64" if array.size <= _FLOAT64_ELEMENTS else "float32"
+    return ArrayPayload.from_numpy(array, dtype)
 
 
 @dataclass(frozen=True)
@@ -156,19 +169,24 @@ class Actuator:
         )
 
     def _plan_reading(
-        self, node: str, value: float, variance: float | None, replications: int | None
+        self, node: str, value: Any, variance: float | None, replications: int | None
     ) -> PlannedReading:
         # Three draws per reading whatever the rates, so changing one rate does not reshuffle
         # the others' decisions for the same seed.
         drop, duplicate, jitter = self._rng.random(), self._rng.random(), self._rng.random()
         noise = self.noise
         copies = 0 if drop < noise.drop_rate else 2 if duplicate < noise.duplicate_rate else 1
-        if not math.isfinite(value):
+        array = value if isinstance(value, np.ndarray) else None
+        finite = bool(np.isfinite(array).all()) if array is not None else math.isfinite(value)
+        if not finite:
             copies = 0  # no schema can carry it; the seq stays used like a lost message's
         seq = self._next_seq[node]
         self._next_seq[node] = seq + 1
         delay_s = noise.delay_s + jitter * noise.jitter_s
-        return PlannedReading(node, float(value), seq, delay_s, copies, variance, replications)
+        scalar = None if array is not None else float(value)
+        return PlannedReading(
+            node, scalar, seq, delay_s, copies, variance, replications, array=array
+        )
 
 
 def _clip(text: str) -> str:

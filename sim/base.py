@@ -19,7 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -37,12 +37,15 @@ class NodeInfo:
             it (known noise, as in the papers); 0 for a noiseless node.
         bounds: (low, high) typical range of the node's value, used to scale GP inputs of its
             children. Values may fall outside; the range only needs to be representative.
+        shape: an array node's shape (paper 002): its reading is an array, `bounds` holding
+            for each element; None for a scalar node.
     """
 
     name: str
     parents: tuple[str, ...]
     noise_std: float
     bounds: tuple[float, float]
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,15 +186,22 @@ class Environment(ABC):
     # ----------------------------------------------------------------- dynamics
     def step(
         self, intervention: Intervention, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
-        """Apply an intervention once; return one noisy reading of every node."""
+    ) -> dict[str, Any]:
+        """Apply an intervention once; return one noisy reading of every node (a float, or for
+        an array node a float64 numpy array of its shape)."""
         values = self.validate(intervention)
         sample = self._sample(values, 1, generator)
-        return {name: float(sample[name][0]) for name in self.node_names}
+        shaped = {node.name for node in self.nodes if node.shape is not None}
+        return {
+            name: sample[name][0].detach().numpy().copy()
+            if name in shaped
+            else float(sample[name][0])
+            for name in self.node_names
+        }
 
     def step_with_spread(
         self, intervention: Intervention, generator: torch.Generator | None = None
-    ) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+    ) -> tuple[dict[str, Any], dict[str, tuple[float, int]]]:
         """`step`, and for each node whose reading is a mean over replications the variance of
         that mean and their count (none here; paper 001's domains override it)."""
         return self.step(intervention, generator), {}

@@ -11,6 +11,7 @@ from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
 from sim.decomposed_synthetic import DecomposedSynthetic
 from sim.dropwave import Dropwave
+from sim.environmental import Environmental
 from sim.gw10 import GW10
 from sim.gw20 import GW20
 from sim.key2 import KEY2
@@ -39,6 +40,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "decomposed-synthetic": lambda seed: DecomposedSynthetic(seed=seed),
     "sir": lambda seed: AgeStructuredSIR(),
     "weather": lambda seed: WeatherField(seed=seed),
+    # paper 002's composite problem: an array node (a 3 x 4 field) and reward g(field)
+    "environmental": lambda seed: Environmental(),
     # paper 001's subgoal domains: a seed draws the oracle's test environments
     "gw10": lambda seed: GW10.create(seed),
     "gw20": lambda seed: GW20.create(seed),

@@ -28,6 +28,10 @@ FAST: dict[str, dict[str, Any]] = {
     "gpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "dgpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "random": {},
+    # paper 002's composite policies (array specs) and the scalar-metric EI baseline
+    "eimetric": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
+    "eicf": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "fit_steps": 5},
+    "ucbcf": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "fit_steps": 5},
     # paper 001's multi-fidelity policies (fidelity specs only)
     "besd": {"grid_size": 40, "alternatives": 16, "restarts": 0},
     "ei": {"grid_size": 40, "restarts": 0},

@@ -18,7 +18,7 @@ __all__ = ["drifted", "recount", "restandardize", "standardization"]
 
 def recount(buffers: GPBuffers) -> list[RunningMoments]:
     """Each member's running moments recomputed from its stored observations (vectorized)."""
-    width = max(max(buffers.real), 1)
+    width = max(max(buffers.real, default=0), 1)  # no members: a model of array nodes only
     y = buffers.y[:, :width]
     shift = y[:, 0]
     held = row_mask(buffers.real, width, y.device)
@@ -32,7 +32,7 @@ def recount(buffers: GPBuffers) -> list[RunningMoments]:
 
 def standardization(buffers: GPBuffers) -> tuple[torch.Tensor, torch.Tensor]:
     """(b,) mean and (b,) scale the data ask for (two-pass); scale 1 until two values exist."""
-    width = max(max(buffers.real), 1)
+    width = max(max(buffers.real, default=0), 1)  # no members: a model of array nodes only
     y = buffers.y[:, :width]
     held = row_mask(buffers.real, width, y.device)
     count = held.sum(-1)
