@@ -29,6 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
+    _add_sampling(which)
 
 
 def _gp_update(args: argparse.Namespace) -> int:
@@ -139,6 +140,53 @@ def _policy_setting(text: str) -> tuple[str | None, str, object]:
     except yaml.YAMLError as error:
         raise argparse.ArgumentTypeError(f"{text!r}: value is not YAML ({error})") from None
     return policy.strip() or None, key.strip(), value
+
+
+def _sampling(args: argparse.Namespace) -> int:
+    from bench import sampling
+
+    sampling.run(
+        args.n_test,
+        args.t,
+        args.samples,
+        args.reps,
+        args.memory_cap_mb,
+        args.timeout_s,
+        args.json,
+        methods=args.methods,
+    )
+    return 0
+
+
+def _add_sampling(which: argparse._SubParsersAction) -> None:
+    sampling = which.add_parser(
+        "sampling",
+        help="joint posterior samples of an array GP: Matheron vs dense vs BoTorch (paper 002)",
+    )
+    sampling.add_argument("--n-test", type=positive_int, nargs="+", default=list(range(5, 310, 50)))
+    sampling.add_argument("--t", type=positive_int, nargs="+", default=[10, 64, 256, 1024, 4096])
+    sampling.add_argument("--samples", type=positive_int, default=256)
+    sampling.add_argument("--reps", type=positive_int, default=5, help="interleaved repeats")
+    sampling.add_argument(
+        "--methods",
+        nargs="+",
+        choices=["matheron", "distributional", "botorch"],
+        default=["matheron", "distributional", "botorch"],
+    )
+    sampling.add_argument(
+        "--memory-cap-mb",
+        type=float,
+        default=4096.0,
+        help="do not run a method whose dense matrices need more",
+    )
+    sampling.add_argument(
+        "--timeout-s",
+        type=float,
+        default=300.0,
+        help="a measurement running longer is a failed row",
+    )
+    sampling.add_argument("--json", type=Path, help="write the rows as JSON here")
+    sampling.set_defaults(handler=_sampling)
 
 
 def _add_gp_update(which: argparse._SubParsersAction) -> None:

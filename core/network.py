@@ -301,7 +301,7 @@ class NetworkModel:
     def _admit_array(self, record: Round, node: str, value: Any) -> None:
         """An array reading: checked against the node's shape, kept in `record.arrays` (its
         mean in `record.readings`, for logs), learned by the node's field model if built."""
-        array = torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=self.dtype)
+        array = torch.as_tensor(np.array(value, dtype=np.float64), dtype=self.dtype)  # a copy
         shape = self.array_shapes[node]
         if tuple(array.shape) != shape:
             raise ValueError(f"reading of {node} has shape {list(array.shape)}, not {list(shape)}")
