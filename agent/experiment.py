@@ -53,6 +53,9 @@ class Experiment:
         seed: seeds the policy's random numbers (None: the spec's `initial_design.seed`).
         clock: seconds since the epoch (injectable for tests).
         on_event: receives a `RoundEvent` for every lifecycle step.
+        background_refits: the model only appends rows when it learns; refits wait for the
+            caller to run them beside it (the service does, `agent.refits`). False: they run
+            inside `on_readings`.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Experiment:
         clock: Callable[[], float] = time.time,
         on_event: EventSink | None = None,
         device: str = "cpu",
+        background_refits: bool = False,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -72,7 +76,7 @@ class Experiment:
         self.metrics = metrics
         self.clock = clock
         self.on_event = on_event or (lambda event: None)
-        self.model = NetworkModel(spec, device=device)
+        self.model = NetworkModel(spec, device=device, deferred_refits=background_refits)
         self.policy: Policy = make_policy(spec.policy.name, spec, spec.policy.settings)
         self.explorer: Policy = RandomPolicy(spec)
         if seed is None:

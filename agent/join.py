@@ -21,7 +21,15 @@ from core.spec import ExperimentSpec
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["IMPLAUSIBLE_SPANS", "implausible", "observe", "on_oracle", "on_readings"]
+__all__ = [
+    "IMPLAUSIBLE_SPANS",
+    "implausible",
+    "log_refit",
+    "observe",
+    "on_oracle",
+    "on_readings",
+    "save_snapshot",
+]
 
 IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
 
@@ -181,9 +189,9 @@ def _taught(
         return
     telemetry.model_updated(exp, seconds)
     if report.rebuilt:
-        _save_snapshot(exp)
+        save_snapshot(exp)
     if report.refit:
-        _log_refit(exp, lives, report)
+        log_refit(exp, report, lives)
     for live in lives:
         # the reward as read, or composed from its components (a decomposed reward)
         reward = exp.model.history[live.model_round].readings.get(exp.model.reward_node)
@@ -193,7 +201,7 @@ def _taught(
         exp.maybe_close(live, now)
 
 
-def _save_snapshot(exp: Experiment) -> None:
+def save_snapshot(exp: Experiment) -> None:
     """Store the GP state (hyperparameters, standardization) a rebuild changed: a restart
     (`agent.recovery`) replays the readings without refitting and loads this state after."""
     arrays = {k: v.detach().cpu().numpy() for k, v in exp.model.gp.state().items()}
@@ -205,9 +213,20 @@ def _save_snapshot(exp: Experiment) -> None:
     )
 
 
-def _log_refit(exp: Experiment, lives: list[LiveRound], report: LearnReport) -> None:
-    """One event per refit, bound to its round, or naming the batch's rounds."""
-    log = lives[0].log if len(lives) == 1 else exp.log.bind(rounds=[r.number for r in lives])
+def log_refit(
+    exp: Experiment,
+    report: LearnReport,
+    lives: list[LiveRound] | None = None,
+    fit_s: float | None = None,
+) -> None:
+    """One event per refit, bound to its round, or naming the batch's rounds (none: a refit
+    run beside the loop, `agent.refits`, which reports how long its worker took)."""
+    if lives is None:
+        log = exp.log.bind(background=True, fit_s=fit_s)
+    elif len(lives) == 1:
+        log = lives[0].log
+    else:
+        log = exp.log.bind(rounds=[r.number for r in lives])
     log.info(
         "model.refit",
         nodes=[exp.model.order[j] for j in report.refit],

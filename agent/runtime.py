@@ -3,7 +3,11 @@
 One task per experiment (its *driver*) owns that experiment: it proposes (the policy runs in a
 worker thread), publishes actions, and drains the experiment's inbox in batches — so a round's
 readings update every node in one batched GP call, and nothing touches an experiment's model
-while its policy is thinking. The MQTT session only routes incoming messages to inboxes; it is
+while its policy is thinking. Hyperparameter refits and the rebuilds after them run in another
+worker thread on a copy of the data and are swapped in by the driver between batches
+(`agent.refits`): the event loop only decodes, checks, stores, appends rows and publishes.
+
+The MQTT session only routes incoming messages to inboxes; it is
 re-created after every reconnect (`connectors.mqtt.run_with_reconnect`), and drivers publish
 through a `Link` that waits for the current connection.
 
@@ -25,6 +29,7 @@ import structlog
 
 from agent.config import AgentConfig
 from agent.experiment import Experiment
+from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
@@ -164,6 +169,7 @@ class AgentService:
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
+        self.refits: dict[str, BackgroundRefits] = {}
         self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
         self._store = store
         self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
@@ -207,8 +213,14 @@ class AgentService:
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
+                background_refits=True,
             )
-            self._inboxes[spec.name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            self._inboxes[spec.name] = inbox
+            wake = _Incoming("refitted", None)
+            self.refits[spec.name] = BackgroundRefits(
+                self.experiments[spec.name], lambda inbox=inbox, wake=wake: inbox.put_nowait(wake)
+            )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)
 
@@ -323,7 +335,10 @@ class AgentService:
         runtime, the store, and the policy's worker thread (`asyncio.to_thread` copies the
         context)."""
         with structlog.contextvars.bound_contextvars(experiment=exp.name):
-            await self._drive(exp)
+            try:
+                await self._drive(exp)
+            finally:
+                await self.refits[exp.name].close()
 
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
@@ -405,7 +420,12 @@ class AgentService:
 
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
         readings: list[tuple[Reading, IncomingMessage]] = []
+        refits = self.refits.get(exp.name)
         for item in batch:
+            if item.kind == "refitted":  # a refit finished beside the loop: swap it in
+                if refits is not None:
+                    refits.install_ready()
+                continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
                 # acknowledged may have been lost with it: publish it again, same id (unless it
@@ -428,6 +448,8 @@ class AgentService:
             verdicts = exp.on_readings([reading for reading, _ in readings])
             for (_, message), verdict in zip(readings, verdicts, strict=True):
                 self._account(exp, "reading", message, verdict)
+        if refits is not None:
+            refits.maybe_start()  # a refit the schedule made due runs beside the loop
         # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.
         for item in batch:
             if item.connection is not None and item.message is not None:
