@@ -22,7 +22,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -144,6 +144,10 @@ class AgentService:
         specs: the experiments.
         on_event: receives every `RoundEvent` (the demo's live view).
         store: an open store to use instead of opening `config.store.path`.
+        on_learned: receives (experiment, [(reading, time.time() when routed)], time.time()
+            now) once a batch's readings are stored and learned (benchmarks measure latency).
+        background_refits: refits run beside the event loop (`agent.refits`); False runs them
+            inside the batch that makes them due, as before (benchmarks compare the two).
     """
 
     def __init__(
@@ -153,6 +157,8 @@ class AgentService:
         *,
         on_event: EventSink | None = None,
         store: Store | None = None,
+        on_learned: Callable[[str, list[tuple[Reading, float]], float], None] | None = None,
+        background_refits: bool = True,
     ) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
@@ -160,6 +166,8 @@ class AgentService:
         self.config = config
         self.specs = list(specs)
         self.on_event = on_event
+        self.on_learned = on_learned
+        self.background_refits = background_refits
         self.topics = Topics(config.topic_prefix)
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
@@ -213,14 +221,16 @@ class AgentService:
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
-                background_refits=True,
+                background_refits=self.background_refits,
             )
             inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
             self._inboxes[spec.name] = inbox
-            wake = _Incoming("refitted", None)
-            self.refits[spec.name] = BackgroundRefits(
-                self.experiments[spec.name], lambda inbox=inbox, wake=wake: inbox.put_nowait(wake)
-            )
+            if self.background_refits:
+                wake = _Incoming("refitted", None)
+                self.refits[spec.name] = BackgroundRefits(
+                    self.experiments[spec.name],
+                    lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)
 
@@ -316,7 +326,7 @@ class AgentService:
             self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
             connection.ack(message)
             return
-        if not self._offer(inbox, _Incoming(parsed.kind, message, connection)):
+        if not self._offer(inbox, _Incoming(parsed.kind, message, connection, time.time())):
             # not acknowledged: with a persistent session the broker delivers it again later
             detail = f"inbox of {parsed.experiment} holds {INBOX_LIMIT} unprocessed messages"
             self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
@@ -338,7 +348,8 @@ class AgentService:
             try:
                 await self._drive(exp)
             finally:
-                await self.refits[exp.name].close()
+                if exp.name in self.refits:
+                    await self.refits[exp.name].close()
 
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
@@ -419,12 +430,14 @@ class AgentService:
         return batch
 
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
-        readings: list[tuple[Reading, IncomingMessage]] = []
+        readings: list[tuple[Reading, _Incoming]] = []
         refits = self.refits.get(exp.name)
+        if refits is not None:
+            # a refit finished beside the loop: swap it in before this batch is learned (a
+            # "refitted" item only wakes an idle driver; a full inbox may have refused it)
+            refits.install_ready()
         for item in batch:
-            if item.kind == "refitted":  # a refit finished beside the loop: swap it in
-                if refits is not None:
-                    refits.install_ready()
+            if item.kind == "refitted":
                 continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
@@ -439,15 +452,18 @@ class AgentService:
             if decoded is None:
                 continue
             if isinstance(decoded, Reading):
-                readings.append((decoded, item.message))
+                readings.append((decoded, item))
             elif isinstance(decoded, Ack):
                 self._account(exp, "ack", item.message, exp.on_ack(decoded))
             elif isinstance(decoded, Oracle):
                 self._account(exp, "oracle", item.message, exp.on_oracle(decoded))
         if readings:
             verdicts = exp.on_readings([reading for reading, _ in readings])
-            for (_, message), verdict in zip(readings, verdicts, strict=True):
-                self._account(exp, "reading", message, verdict)
+            for (_, item), verdict in zip(readings, verdicts, strict=True):
+                self._account(exp, "reading", item.message, verdict)
+            if self.on_learned is not None:
+                routed = [(reading, item.at) for reading, item in readings]
+                self.on_learned(exp.name, routed, time.time())
         if refits is not None:
             refits.maybe_start()  # a refit the schedule made due runs beside the loop
         # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.

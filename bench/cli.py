@@ -26,6 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_gp_update(which)
     _add_ingest(which)
+    _add_latency(which)
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
@@ -70,6 +71,21 @@ def _ingest(args: argparse.Namespace) -> int:
     from bench import ingest
 
     ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
+    return 0
+
+
+def _latency(args: argparse.Namespace) -> int:
+    from bench import learn_latency
+
+    learn_latency.run(
+        args.env,
+        args.history,
+        args.rounds,
+        args.rate,
+        args.repeats,
+        tuple(args.modes),
+        args.json,
+    )
     return 0
 
 
@@ -172,6 +188,31 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
     ingest.add_argument("--latency-rounds", type=positive_int, default=20)
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
     ingest.set_defaults(handler=_ingest)
+
+
+def _add_latency(which: argparse._SubParsersAction) -> None:
+    latency = which.add_parser(
+        "latency",
+        help="reading -> stored -> learned latency per message while refits run (p50/p99)",
+    )
+    latency.add_argument("--env", default="alpine2", help="environment of the readings")
+    latency.add_argument(
+        "--history", type=positive_int, default=1000, help="rounds learned before (n per node)"
+    )
+    latency.add_argument(
+        "--rounds", type=positive_int, default=100, help="rounds whose readings are timed"
+    )
+    latency.add_argument("--rate", type=float, default=100.0, help="readings per second sent (100)")
+    latency.add_argument("--repeats", type=positive_int, default=5, help="runs per mode (5)")
+    latency.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["beside", "inline"],
+        default=["beside", "inline"],
+        help="refits beside the loop (the service) and/or inside the batch (before)",
+    )
+    latency.add_argument("--json", type=Path, help="write the results as JSON here")
+    latency.set_defaults(handler=_latency)
 
 
 def _add_chaos(which: argparse._SubParsersAction) -> None:

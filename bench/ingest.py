@@ -95,7 +95,7 @@ def _throughput_spec(env: str, rounds: int) -> ExperimentSpec:
     )
 
 
-def _prepare_rounds(
+def prepare_rounds(
     env_name: str, spec: ExperimentSpec, store_path: Path, seed: int
 ) -> list[Reading]:
     """R acknowledged rounds in the agent's store, and the readings the environment gives."""
@@ -228,7 +228,7 @@ async def measure_throughput(
 ) -> IngestResult:
     spec = _throughput_spec(env, rounds)
     store_path = workdir / "ingest.sqlite"
-    readings = await asyncio.to_thread(_prepare_rounds, env, spec, store_path, seed)
+    readings = await asyncio.to_thread(prepare_rounds, env, spec, store_path, seed)
     payloads = [encode(reading) for reading in readings]
     bare = await _bare_rate(broker.port, payloads, TOPICS.reading(spec.name))
     agent = await _agent_rate(broker.port, spec, store_path, payloads)
