@@ -51,7 +51,8 @@ def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
         for reading in readings:
             verdicts.append(_admit(exp, reading, fresh, now))
         if fresh:
-            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], now)
+            # the round timers run on the monotonic clock; the store took wall time
+            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], exp.ticks())
     return verdicts
 
 

@@ -77,7 +77,7 @@ class _Incoming:
     kind: str
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
-    at: float = 0.0  # when it was queued
+    at: float = 0.0  # when it was queued: wall time; monotonic for "reconnected"
 
 
 class BrokerUnavailable(Exception):
@@ -303,7 +303,7 @@ class AgentService:
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
         for inbox in self._inboxes.values():
-            self._offer(inbox, _Incoming("reconnected", None, at=time.time()))
+            self._offer(inbox, _Incoming("reconnected", None, at=time.monotonic()))
         log.info("agent.subscribed", experiments=list(self.experiments))
         try:
             async for message in connection.messages():
@@ -359,9 +359,9 @@ class AgentService:
                 await self._publish_action(exp, live.action)
                 exp.mark_published(live.number)
         while True:
-            for action in exp.due(time.time()):
+            for action in exp.due(exp.ticks()):
                 await self._publish_action(exp, action)
-            if exp.can_propose(time.time()):
+            if exp.can_propose(exp.ticks()):
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
@@ -372,9 +372,9 @@ class AgentService:
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
                 return
-            timeout = exp.next_deadline(time.time()) if exp.in_flight else None
+            timeout = exp.next_deadline(exp.ticks()) if exp.in_flight else None
             if exp.spec.schedule.min_interval_s and not exp.in_flight and not exp.finished:
-                timeout = exp.next_deadline(time.time())
+                timeout = exp.next_deadline(exp.ticks())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
 
