@@ -70,7 +70,18 @@ def _regret(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from bench import ingest
 
-    ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
+    try:
+        ingest.run(
+            args.env,
+            args.rounds,
+            args.latency_envs,
+            args.latency_rounds,
+            args.json,
+            repeats=args.repeats,
+        )
+    except ingest.QueueTooSmall as error:
+        print(f"cbo-agent bench ingest: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -186,6 +197,9 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
         "in examples/; none given: skip)",
     )
     ingest.add_argument("--latency-rounds", type=positive_int, default=20)
+    ingest.add_argument(
+        "--repeats", type=positive_int, default=5, help="interleaved runs per side (5)"
+    )
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
     ingest.set_defaults(handler=_ingest)
 
