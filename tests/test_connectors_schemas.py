@@ -29,6 +29,7 @@ from connectors.schemas import (
     decode,
     encode,
 )
+from connectors.signing import DeviceKeys, unwrap
 from connectors.topics import (
     DEVICE_TOPIC_KINDS,
     EXPERIMENT_TOPIC_KINDS,
@@ -565,7 +566,12 @@ PROTOCOL_DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 def test_every_json_example_in_the_protocol_document_decodes() -> None:
     examples = re.findall(r"```json\n(.*?)```", PROTOCOL_DOC.read_text(), flags=re.DOTALL)
-    decoded = [decode(example.encode()) for example in examples]
+    keys = DeviceKeys.parse("sensor-7 example-key-0123456789abcdef", "the example key")
+    signed = [e.encode() for e in examples if '"cbo.signed"' in e]
+    assert len(signed) == 1  # the signature example, verified under the documented key
+    opened = unwrap(signed[0], "sensor-7", keys)
+    assert opened != signed[0] and decode(opened).SCHEMA == "cbo.reading"
+    decoded = [decode(example.encode()) for example in examples if '"cbo.signed"' not in example]
     assert {message.SCHEMA for message in decoded} == set(MESSAGE_TYPES)
 
 

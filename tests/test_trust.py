@@ -450,3 +450,11 @@ def test_run_with_a_bad_key_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "shorter than 16 bytes" in line and "tooshort" not in line
+
+
+def test_the_protocol_document_lists_every_trust_reason() -> None:
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    reasons = [*UNTRUSTED_REASONS, "oracle_above_optimum", "oracle_optimum_changed"]
+    assert all(f"| `{reason}` |" in text for reason in reasons)
+    for overspend in ("applied_after_rejection", "readings_after_rejection"):
+        assert f"`{overspend}`" in text
