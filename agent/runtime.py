@@ -36,7 +36,7 @@ from connectors.mqtt import (
     run_with_reconnect,
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
-from connectors.signing import SignatureError, unwrap
+from connectors.signing import SignatureError, sign, unwrap
 from connectors.store import Store
 from connectors.topics import TopicError, Topics
 from core.spec import ExperimentSpec
@@ -375,8 +375,12 @@ class AgentService:
             await self._handle(exp, batch)
 
     async def _publish_action(self, exp: Experiment, action: Action) -> None:
-        topic = self.topics.action(exp.name, exp.spec.actuator_id)
-        await self.link.publish(topic, encode(action))
+        actuator = exp.spec.actuator_id
+        payload = encode(action)
+        key = self.device_keys.key(actuator)
+        if key is not None:  # a keyed actuator takes only actions signed with its key
+            payload = sign(payload, actuator, key)
+        await self.link.publish(self.topics.action(exp.name, actuator), payload)
 
     @staticmethod
     async def _next_batch(

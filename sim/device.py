@@ -5,6 +5,8 @@ The device speaks as itself: it subscribes to ``{prefix}/{experiment}/{device_id
 each login its own topics, `deploy/mosquitto/acl`, lets it in with its id as user name), and
 for every action:
 
+- with a key (`DeviceSettings.key`), an action that is not signed with it goes to the dead-letter
+  topic ("unsigned", "bad_signature") and is not applied;
 - a payload that does not decode (or names another experiment) goes to
   ``{prefix}/{experiment}/{device_id}/deadletter`` with the reason code, and the device
   carries on;
@@ -54,7 +56,7 @@ from connectors.mqtt import (
     run_with_reconnect,
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, MessageModel, decode, encode
-from connectors.signing import MIN_KEY_BYTES, sign
+from connectors.signing import MIN_KEY_BYTES, DeviceKeys, SignatureError, sign, unwrap
 from connectors.topics import DEFAULT_PREFIX, Topics, validate_experiment_id, validate_identifier
 from sim._device_plan import Actuator, Noise, Plan, Rejected
 from sim.base import Environment
@@ -85,7 +87,8 @@ class DeviceSettings(BaseModel):
         seq_start: first seq of every node; None: the start time in microseconds.
         remember_actions: how many applied action ids are kept for exactly-once effects.
         key: the device's HMAC-SHA256 key: every message it publishes is signed
-            (`connectors.signing`); None: unsigned.
+            (`connectors.signing`), and it takes only actions signed with the key (others
+            are dead-lettered as "unsigned" or "bad_signature"); None: unsigned.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -245,6 +248,14 @@ class SimulatorDevice:
 
     # ------------------------------------------------------------------------------ actions
     def _on_message(self, topic: str, payload: bytes) -> None:
+        key = self.settings.key
+        if key is not None:  # with a key, only actions the agent signed with it
+            keys = DeviceKeys({self.settings.device_id: key.get_secret_value().encode()})
+            try:
+                payload = unwrap(payload, self.settings.device_id, keys)
+            except SignatureError as error:
+                self._dead_letter(topic, payload, error.reason, error.detail)
+                return
         try:
             action = decode(payload, Action)
         except DecodeError as error:

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection, load_config
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig, MqttConnection
-from connectors.schemas import Ack, MessageModel, Oracle, Reading, encode
+from connectors.schemas import Ack, Action, MessageModel, Oracle, Reading, encode
 from connectors.signing import sign
 from connectors.store import Store
 from connectors.topics import Topics
@@ -198,9 +198,15 @@ async def test_signed_devices_on_a_broker_without_acls(mosquitto, tmp_path: Path
         while not service.link.connected:
             await asyncio.sleep(0.01)
         forged = encode(forged_messages("signed", "x" * 32, "sim-signed")["reading"])
+        action = encode(Action.issue("signed", 0, {"a0": 0.5, "a1": 0.5}, "soft"))
+        guess = b"a guessed key, 32 bytes long.."
         async with MqttConnection(BrokerConfig.from_url(mosquitto.url)) as mqtt:
             await mqtt.publish(topic, forged)  # unsigned
-            await mqtt.publish(topic, sign(forged, "sim-signed", b"a guessed key, 32 bytes long.."))
+            await mqtt.publish(topic, sign(forged, "sim-signed", guess))
+            # and actions to the device: it takes only those signed with its key
+            action_topic = topics.action("signed", "sim-signed")
+            await mqtt.publish(action_topic, action)
+            await mqtt.publish(action_topic, sign(action, "sim-signed", guess))
 
     with capture_logs() as events:
         async with running(device.run()):
@@ -211,6 +217,10 @@ async def test_signed_devices_on_a_broker_without_acls(mosquitto, tmp_path: Path
         ("reading", "unsigned"): 1.0,
         ("reading", "bad_signature"): 1.0,
     }
+    # the agent signed its actions; the device applied those, and refused the two forged ones
+    assert device.applied == 2
+    refused = [e["reason"] for e in events if e["event"] == "device.action_invalid"]
+    assert sorted(refused) == ["bad_signature", "unsigned"]
     with Store(store_path) as store:
         assert [r.status for r in store.rounds("signed")] == ["closed", "closed"]
         stored = {(r.round, r.node): r.value for r in store.readings("signed")}
