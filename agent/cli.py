@@ -218,6 +218,10 @@ def _export(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"cbo-agent export: configuration: {error}", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"cbo-agent export: --out {args.out}: exists and is not a directory", file=sys.stderr)
+        return 2
     location = parse_store_location(path)  # valid: the configuration checked it
     if isinstance(location, SqliteLocation) and not Path(location.path).is_file():
         print(  # opening it would create an empty store
