@@ -252,6 +252,17 @@ class StoreSection(_Section):
         return value
 
 
+class InputSection(_Section):
+    """Limits on incoming messages (docs/reliability.md, "Floods")."""
+
+    # Per sender (topic and the device a message names): valid messages beyond this rate are
+    # rejected as `rate_limited` and acknowledged, so one device's flood cannot hold the
+    # broker's queue for the agent. The burst lets a device's backlog (queued while the agent
+    # was away) through at full speed.
+    sender_rate_per_s: float = Field(default=100.0, gt=0)
+    sender_burst: int = Field(default=10_000, ge=1)
+
+
 class LogSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -274,6 +285,7 @@ class AgentConfig(_Section):
     metrics: MetricsSection = MetricsSection()
     store: StoreSection = StoreSection()
     log: LogSection = LogSection()
+    input: InputSection = InputSection()
     device: str = "cpu"
     # A service (compose, Kubernetes) restarts a process that exits, so a finished experiment
     # would be replayed from the store, finish and exit again, forever. Keeping the process up

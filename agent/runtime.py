@@ -36,34 +36,48 @@ from connectors.mqtt import (
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
 from connectors.store import Store
-from connectors.topics import TopicError, Topics
+from connectors.topics import ParsedTopic, TopicError, Topics
 from core.spec import ExperimentSpec
 
 log = structlog.get_logger(__name__)
 
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
+INBOX_BYTES_LIMIT = 64 * 2**20  # per experiment: payload bytes waiting there, also a flood beyond
 COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
 BATCH_LIMIT = 2_000
 LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedback until this quiet
 LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
 SESSION_WAIT_S = 30.0  # how long lingering waits for a broker session to read what it queued
 DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
+DEAD_LETTERS_QUEUED = 100  # waiting to be published (a link down); beyond, stored only
+SENDERS_TRACKED = 10_000  # rate-limit buckets kept; the longest unseen sender is forgotten
 _KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
 
 
 class _TokenBucket:
-    """At most `rate` events per second per key, with bursts up to `burst`."""
+    """At most `rate` events per second per key, with bursts up to `burst`.
 
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst = rate, burst
-        self._tokens: dict[str, tuple[float, float]] = {}
+    At most `max_keys` keys are remembered (memory stays bounded whatever keys a flood makes
+    up); beyond, the key seen longest ago is forgotten, and starts again with a full burst.
+    """
 
-    def take(self, key: str) -> bool:
+    def __init__(self, rate: float, burst: float, max_keys: int = SENDERS_TRACKED) -> None:
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
+        self._tokens: collections.OrderedDict[object, tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def take(self, key: object) -> bool:
         now = time.monotonic()
-        tokens, last = self._tokens.get(key, (self.burst, now))
+        tokens, last = self._tokens.pop(key, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
         allowed = tokens >= 1.0
         self._tokens[key] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._tokens) > self.max_keys:
+            self._tokens.popitem(last=False)
         return allowed
 
 
@@ -73,6 +87,7 @@ class _Incoming:
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
     at: float = 0.0  # when it was queued
+    decoded: Reading | Ack | Oracle | None = None  # checked by the router
 
 
 class BrokerUnavailable(Exception):
@@ -164,9 +179,15 @@ class AgentService:
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
-        self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
+        self._inbox_bytes: collections.Counter[str] = collections.Counter()
+        self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
+            maxsize=DEAD_LETTERS_QUEUED
+        )
         self._store = store
         self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
+        self._sender_budget = _TokenBucket(
+            config.input.sender_rate_per_s, burst=config.input.sender_burst
+        )
         self.metrics_server: MetricsServer | None = None
         self._last_broker_error: str | None = None
 
@@ -304,10 +325,40 @@ class AgentService:
             self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
             connection.ack(message)
             return
-        if not self._offer(inbox, _Incoming(parsed.kind, message, connection)):
+        # Checked here, at once: what is rejected is acknowledged now, so a flood of invalid
+        # input never holds the broker's in-flight window (nor its queue) for the agent; only
+        # valid input waits in the inbox, unacknowledged until it is stored.
+        decoded = self._decode(parsed.experiment, parsed.kind, message)
+        if decoded is None or not self._within_rate(parsed, decoded, message):
+            connection.ack(message)
+            return
+        size = len(message.payload)
+        if self._inbox_bytes[parsed.experiment] + size > INBOX_BYTES_LIMIT or not self._offer(
+            inbox, _Incoming(parsed.kind, message, connection, decoded=decoded)
+        ):
             # not acknowledged: with a persistent session the broker delivers it again later
-            detail = f"inbox of {parsed.experiment} holds {INBOX_LIMIT} unprocessed messages"
+            detail = (
+                f"inbox of {parsed.experiment} holds {inbox.qsize()} unprocessed messages "
+                f"({self._inbox_bytes[parsed.experiment]} bytes)"
+            )
             self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
+            return
+        self._inbox_bytes[parsed.experiment] += size
+
+    def _within_rate(
+        self, parsed: ParsedTopic, decoded: Reading | Ack | Oracle, message: IncomingMessage
+    ) -> bool:
+        """Whether the sender (its topic and the device it names) is within its rate; if not,
+        the message is rejected as `rate_limited` (acknowledged: it will not come back)."""
+        if self._sender_budget.take((message.topic, decoded.device_id)):
+            return True
+        config = self.config.input
+        detail = (
+            f"device {decoded.device_id!r} on {message.topic} sends more than "
+            f"{config.sender_rate_per_s:g} messages/s (bursts of {config.sender_burst})"
+        )
+        self._reject(parsed.experiment, parsed.kind, message, "rate_limited", detail)
+        return False
 
     @staticmethod
     def _offer(inbox: asyncio.Queue[_Incoming], item: _Incoming) -> bool:
@@ -406,6 +457,9 @@ class AgentService:
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
         readings: list[tuple[Reading, IncomingMessage]] = []
         for item in batch:
+            if item.message is not None:
+                self._inbox_bytes[exp.name] -= len(item.message.payload)
+        for item in batch:
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
                 # acknowledged may have been lost with it: publish it again, same id (unless it
@@ -415,7 +469,7 @@ class AgentService:
                     if earlier and live.acked_at is None and not live.action.expired(time.time()):
                         await self._publish_action(exp, exp.republish(live.number))
                 continue
-            decoded = self._decode(exp, item)
+            decoded = item.decoded
             if decoded is None:
                 continue
             if isinstance(decoded, Reading):
@@ -433,19 +487,22 @@ class AgentService:
             if item.connection is not None and item.message is not None:
                 item.connection.ack(item.message)
 
-    def _decode(self, exp: Experiment, item: _Incoming) -> Reading | Ack | Oracle | None:
+    def _decode(
+        self, experiment: str, kind: str, message: IncomingMessage
+    ) -> Reading | Ack | Oracle | None:
+        """The message, decoded and checked against its topic; None (rejected) otherwise."""
         try:
-            decoded = decode(item.message.payload, _KIND_SCHEMAS[item.kind])
+            decoded = decode(message.payload, _KIND_SCHEMAS[kind])
         except DecodeError as error:
-            self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
+            self._reject(experiment, kind, message, error.reason, error.detail)
             return None
-        if decoded.experiment != exp.name:
+        if decoded.experiment != experiment:
             self._reject(
-                exp.name,
-                item.kind,
-                item.message,
+                experiment,
+                kind,
+                message,
                 "experiment_mismatch",
-                f"payload names {decoded.experiment!r} on {exp.name}'s topic",
+                f"payload names {decoded.experiment!r} on {experiment}'s topic",
             )
             return None
         return decoded
