@@ -82,6 +82,18 @@ class _TokenBucket:
 
 
 @dataclass(frozen=True)
+class _Letter:
+    """A dead letter waiting to be stored (`Store.add_dead_letter`'s arguments)."""
+
+    exp: Experiment
+    topic: str
+    reason: str
+    detail: str
+    payload: bytes
+    at: float
+
+
+@dataclass(frozen=True)
 class _Incoming:
     kind: str
     message: IncomingMessage | None
@@ -183,6 +195,8 @@ class AgentService:
         self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
             maxsize=DEAD_LETTERS_QUEUED
         )
+        # rejected input to keep in the store, written beside the event loop in batches
+        self._letters_to_store: asyncio.Queue[_Letter] = asyncio.Queue(maxsize=DEAD_LETTERS_QUEUED)
         self._store = store
         self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
         self._sender_budget = _TokenBucket(
@@ -247,13 +261,14 @@ class AgentService:
             name="mqtt",
         )
         letters = asyncio.create_task(self._publish_dead_letters(), name="dead-letters")
+        kept = asyncio.create_task(self._store_dead_letters(), name="dead-letter-store")
         watchdog = asyncio.create_task(self._connect_deadline(), name="connect-deadline")
         drivers = [
             asyncio.create_task(self._driver(exp), name=f"drive:{exp.name}")
             for exp in self.experiments.values()
         ]
         try:
-            pending = {connection, watchdog, *drivers}
+            pending = {connection, watchdog, kept, *drivers}
             while any(task in pending for task in drivers):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -261,11 +276,12 @@ class AgentService:
                 if connection in done:
                     break
         finally:
-            for task in (connection, letters, watchdog, *drivers):
+            for task in (connection, letters, kept, watchdog, *drivers):
                 task.cancel()
-            for task in (connection, letters, watchdog, *drivers):
+            for task in (connection, letters, kept, watchdog, *drivers):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            self._write_letters(_drain(self._letters_to_store))  # what was still waiting
 
     # ------------------------------------------------------------------ broker reachability
     @property
@@ -539,13 +555,39 @@ class AgentService:
                 return  # a flood: counted and logged, not written (each letter is an fsync)
             letter = DeadLetter.for_rejected(message.topic, message.payload, reason, detail)
             exp = self.experiments[experiment]
-            exp.store.add_dead_letter(
-                experiment, message.topic, reason, detail, message.payload, letter.at
-            )
+            with contextlib.suppress(asyncio.QueueFull):  # full: the store is behind; log only
+                self._letters_to_store.put_nowait(
+                    _Letter(exp, message.topic, reason, detail, message.payload, letter.at)
+                )
             with contextlib.suppress(asyncio.QueueFull):
                 self._dead_letters.put_nowait((self.topics.deadletter(experiment), encode(letter)))
+
+    async def _store_dead_letters(self) -> None:
+        """Store dead letters in a worker thread, a batch per commit: each commit is an fsync,
+        which must not stall the event loop while a flood is being rejected."""
+        while True:
+            batch = [await self._letters_to_store.get(), *_drain(self._letters_to_store)]
+            await asyncio.to_thread(self._write_letters, batch)
+
+    @staticmethod
+    def _write_letters(batch: list[_Letter]) -> None:
+        by_experiment: dict[str, list[_Letter]] = {}
+        for letter in batch:
+            by_experiment.setdefault(letter.exp.name, []).append(letter)
+        for name, letters in by_experiment.items():
+            store = letters[0].exp.store
+            with store.transaction():
+                for letter in letters:
+                    store.add_dead_letter(
+                        name, letter.topic, letter.reason, letter.detail, letter.payload, letter.at
+                    )
 
     async def _publish_dead_letters(self) -> None:
         while True:
             topic, payload = await self._dead_letters.get()
             await self.link.publish(topic, payload)
+
+
+def _drain(queue: asyncio.Queue[_Letter]) -> list[_Letter]:
+    """Everything waiting in `queue` now, without waiting."""
+    return [queue.get_nowait() for _ in range(queue.qsize())]
