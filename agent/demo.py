@@ -43,6 +43,7 @@ from agent.config import (
     StoreSection,
     parse_broker_address,
 )
+from agent.fatal import report_fatal
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
@@ -443,4 +444,6 @@ def main(options: DemoOptions) -> int:
     except DemoError as error:
         print(f"cbo-agent demo: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # a fault mid-run: one agent.fatal event, no traceback
+        return report_fatal("demo", error)
     return 0 if result.rounds > 0 else 1

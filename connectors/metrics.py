@@ -266,13 +266,22 @@ class Readiness:
         return (not waiting, "ready" if not waiting else "waiting for: " + ", ".join(waiting))
 
 
+class MetricsUnavailable(Exception):
+    """The endpoints cannot listen where asked (a port in use, an address not of this host)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(f"cannot listen on {host}:{port} for /metrics: {error.strerror or error}")
+        self.address = f"{host}:{port}"
+
+
 class MetricsServer:
     """HTTP endpoints for Prometheus and for orchestrators' probes; a context manager.
 
     Served by `connectors.http_server.BoundedHttpServer`: one thread with its own event loop,
     read and write timeouts and a bounded number of connections, so slow or half-open clients
     cannot exhaust threads or lock the probes out. `port=0` picks a free port; `port` tells
-    which one was bound once started. `start` raises OSError when the address cannot be bound.
+    which one was bound once started. `start` raises MetricsUnavailable when the address cannot
+    be bound.
     """
 
     def __init__(
@@ -297,6 +306,7 @@ class MetricsServer:
             limits=limits,
             name="metrics-http",
         )
+        self._address_port = port
         self._started = False
 
     @property
@@ -320,7 +330,10 @@ class MetricsServer:
         """Bind and serve in a daemon thread."""
         if self._started:
             raise RuntimeError("metrics server already started")
-        self._server.start()
+        try:
+            self._server.start()
+        except OSError as error:
+            raise MetricsUnavailable(self._server.host, self._address_port, error) from None
         self._started = True
         log.info("metrics.serving", host=self._server.host, port=self.port)
 

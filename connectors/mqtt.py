@@ -75,6 +75,10 @@ class ConnectionLostError(MqttConnectionError):
     """An established connection broke (broker gone, network down, keepalive expired)."""
 
 
+class TlsOptionsError(ValueError):
+    """A CA, certificate or key file that cannot be read or used; retrying will not help."""
+
+
 class SubscribeRefusedError(Exception):
     """The broker refused a subscription (an ACL, a bad filter); retrying will not help."""
 
@@ -404,7 +408,7 @@ class MqttConnection:
             keepalive=config.keepalive,
             timeout=timeout_s,
             will=self._last_will(),
-            tls_context=_tls_context(config),
+            tls_context=tls_context(config),
             **version_options,
         )
 
@@ -486,13 +490,30 @@ def _connect_properties(session_expiry_s: int) -> Properties | None:
     return properties
 
 
-def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The TLS context of `config` (None without TLS); TlsOptionsError naming the file and the
+    cause when a CA, certificate or key cannot be read or used. Call it before connecting to
+    check the options once, at start."""
     if not config.tls:
         return None
-    context = ssl.create_default_context(cafile=config.ca_file)
+    try:
+        context = ssl.create_default_context(cafile=config.ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise TlsOptionsError(f"ca_file {config.ca_file}: {_ssl_cause(error)}") from None
     if config.cert_file is not None:
-        context.load_cert_chain(config.cert_file, config.key_file)
+        try:
+            context.load_cert_chain(config.cert_file, config.key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise TlsOptionsError(
+                f"cert_file {config.cert_file} / key_file {config.key_file}: {_ssl_cause(error)}"
+            ) from None
     return context
+
+
+def _ssl_cause(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
 
 
 @dataclass(frozen=True)

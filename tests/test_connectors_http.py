@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from connectors.http_server import Limits
-from connectors.metrics import AgentMetrics, MetricsServer, Readiness
+from connectors.metrics import AgentMetrics, MetricsServer, MetricsUnavailable, Readiness
 from tests.test_connectors_metrics import fetch
 
 HALF_OPEN = 300
@@ -123,6 +123,6 @@ def test_bad_requests_get_their_status_and_head_has_no_body():
 def test_a_port_in_use_raises_at_start():
     with MetricsServer(AgentMetrics().registry, Readiness()) as first:
         second = MetricsServer(AgentMetrics().registry, Readiness(), port=first.port)
-        with pytest.raises(OSError):
+        with pytest.raises(MetricsUnavailable, match=f"127.0.0.1:{first.port}"):
             second.start()
         second.close()
