@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import quote, unquote
 
 import yaml
@@ -44,6 +44,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from connectors.mqtt import BrokerConfig
@@ -184,6 +185,9 @@ class BrokerSection(_Section):
     )
     username: str | None = None
     password: SecretStr | None = None
+    # A file holding the password (its first line): keeps it off the command line, where `ps`
+    # shows it, and out of the environment of every child process.
+    password_file: str | None = None
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
@@ -207,6 +211,15 @@ class BrokerSection(_Section):
         except ConfigError as error:
             raise ValueError(str(error)) from None
         return url
+
+    @model_validator(mode="after")
+    def _read_password_file(self) -> Self:
+        if self.password_file is None:
+            return self
+        if self.password is not None:
+            raise ValueError("set broker.password or broker.password_file, not both")
+        self.password = SecretStr(read_password_file(self.password_file))
+        return self
 
     @property
     def address(self) -> BrokerAddress:
@@ -312,6 +325,20 @@ class AgentConfig(_Section):
         return f"{self.agent_id}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
+def read_password_file(path: str) -> str:
+    """The password in `path`: its first line, without the line end. ValueError (one line,
+    never the password) if it cannot be read or is empty."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        cause = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"password file {path}: {cause}") from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise ValueError(f"password file {path}: empty (the password is its first line)")
+    return password
+
+
 def _store_identity(target: str) -> str:
     """The store `target` names, one way however it is written: an SQLite file's absolute path
     (``agent.sqlite`` and ``sqlite:///abs/agent.sqlite`` alike), a PostgreSQL URL with its
@@ -327,6 +354,7 @@ _ENVIRONMENT = {
     "CBO_BROKER_URL": ("broker", "url"),
     "CBO_BROKER_USERNAME": ("broker", "username"),
     "CBO_BROKER_PASSWORD": ("broker", "password"),
+    "CBO_BROKER_PASSWORD_FILE": ("broker", "password_file"),
     "CBO_BROKER_CA_FILE": ("broker", "ca_file"),
     "CBO_BROKER_PROTOCOL": ("broker", "protocol"),
     "CBO_BROKER_CONNECT_TIMEOUT_S": ("broker", "connect_timeout_s"),

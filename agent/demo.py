@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import socket
 import sys
@@ -76,6 +77,7 @@ class DemoOptions:
     policy: str | None = None
     rounds: int = DEFAULT_ROUNDS
     broker: str | None = None  # an external broker (BROKER_FORMS); None starts the embedded one
+    broker_password: str | None = None  # for the user of `broker` (--password-file)
     live: bool = True
     out: Path = Path("results/demo")
     metrics_host: str = "127.0.0.1"
@@ -313,6 +315,10 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
     console = console or Console()
     spec, env = prepare_demo(options)
     external = None if options.broker is None else broker_address(options.broker)
+    if external is not None and options.broker_password is not None:
+        if external.username is None:
+            raise DemoError("--password-file needs a user in --broker (mqtt://USER@HOST:PORT)")
+        external = dataclasses.replace(external, password=options.broker_password)
     if external is not None:
         await _check_reachable(external)
     options.out.mkdir(parents=True, exist_ok=True)
