@@ -198,6 +198,10 @@ class BrokerSection(_Section):
     # is lost across a crash.
     persistent_session: bool = True
     session_expiry_s: int = Field(default=3600, ge=0)
+    # Messages the broker may send the agent before it acknowledges them (MQTT v5 Receive
+    # Maximum; over 3.1.1 the broker's max_inflight_messages): what a flood can make the agent
+    # hold at once. Large enough for the group commit (runtime.BATCH_LIMIT) to fill.
+    receive_maximum: int = Field(default=1000, ge=1, le=65535)
     # A broker that never answers keeps a service waiting (it reconnects with backoff, which is
     # right for a broker that restarts); at a terminal or in a job, giving up after a while and
     # saying so is more useful. None: wait forever.
@@ -230,6 +234,7 @@ class BrokerSection(_Section):
             "client_id": client_id,
             "protocol": self.protocol,
             "keepalive": self.keepalive_s,
+            "receive_maximum": self.receive_maximum,
         }
         if self.persistent_session:
             overrides |= {

@@ -110,6 +110,11 @@ class BrokerConfig(BaseModel):
     # stored them: with a persistent session, what was received but not yet stored when the
     # process died is delivered again.
     manual_ack: bool = False
+    # MQTT v5 Receive Maximum: at most this many QoS 1 messages sent to us and not yet
+    # acknowledged (None: the protocol's 65,535). With manual acks this bounds what the client
+    # holds in memory whatever a flood sends; over 3.1.1 the broker's own limit applies
+    # (Mosquitto's max_inflight_messages).
+    receive_maximum: int | None = Field(default=None, ge=1, le=65535)
     timeout_s: float = Field(default=10.0, gt=0)  # CONNACK, SUBACK and PUBACK waits
     # Under "auto", how long a v5 CONNECT may go unanswered before trying 3.1.1: some 3.1.1
     # brokers (amqtt) choke on a v5 CONNECT carrying a will and never answer at all.
@@ -392,7 +397,7 @@ class MqttConnection:
             version_options = {
                 "protocol": aiomqtt.ProtocolVersion.V5,
                 "clean_start": config.clean_start,
-                "properties": _connect_properties(config.session_expiry_s),
+                "properties": _connect_properties(config.session_expiry_s, config.receive_maximum),
             }
         else:
             version_options = {
@@ -482,11 +487,14 @@ def _reason_value(code: Any) -> int:
     return int(getattr(code, "value", code))
 
 
-def _connect_properties(session_expiry_s: int) -> Properties | None:
-    if session_expiry_s == 0:
-        return None  # 0 is the protocol default: the session ends with the connection
+def _connect_properties(session_expiry_s: int, receive_maximum: int | None) -> Properties | None:
+    if session_expiry_s == 0 and receive_maximum is None:
+        return None  # the protocol's defaults
     properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = session_expiry_s
+    if session_expiry_s:  # 0 is the protocol default: the session ends with the connection
+        properties.SessionExpiryInterval = session_expiry_s
+    if receive_maximum is not None:
+        properties.ReceiveMaximum = receive_maximum
     return properties
 
 
