@@ -85,6 +85,7 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         reading.seq,
         reading.device_id,
         now,
+        measured_at=reading.at,  # the device's clock: when it measured, beside when it arrived
         variance=reading.variance,
         replications=reading.replications,
     )
