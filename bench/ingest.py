@@ -146,7 +146,7 @@ def prepare_rounds(
                     experiment=spec.name,
                     round=live.number,
                     action_id=live.action.action_id,
-                    device_id="bench",
+                    device_id=spec.actuator_id,
                     status="applied",
                     reason=None,
                     applied=live.intervention,
@@ -161,7 +161,7 @@ def prepare_rounds(
                     node=node,
                     value=value,
                     seq=seq,
-                    device_id=f"sensor-{node}",
+                    device_id=spec.actuator_id,  # the spec's one device: its topic below
                     at=time.time(),
                 )
                 for node, value in values.items()
@@ -223,7 +223,7 @@ async def _agent_rate(
     )
     # A first, short life creates the agent's persistent session and subscriptions.
     await _run_until(AgentService(config, [spec]), lambda service: service.link.connected)
-    await asyncio.to_thread(_fill, port, payloads, TOPICS.reading(spec.name))
+    await asyncio.to_thread(_fill, port, payloads, TOPICS.reading(spec.name, spec.actuator_id))
     service = AgentService(config, [spec])
     marks: dict[str, float] = {}
 
@@ -283,7 +283,7 @@ async def measure_throughput(
     for repeat in range(repeats):
 
         async def bare(repeat: int = repeat) -> None:
-            topic = TOPICS.reading(spec.name)
+            topic = TOPICS.reading(spec.name, spec.actuator_id)
             rate = await _bare_rate(broker.port, payloads, topic, f"bench-bare-{repeat}")
             bare_runs.append(rate)
 

@@ -154,7 +154,7 @@ async def _measure(
         rows = [r.model_dump(mode="json") for r in fresh]
         publisher = multiprocessing.get_context("spawn").Process(
             target=_publish_paced,
-            args=(broker.port, rows, rate, TOPICS.reading(spec.name)),
+            args=(broker.port, rows, rate, TOPICS.reading(spec.name, spec.actuator_id)),
             daemon=True,
         )
         publisher.start()
