@@ -26,6 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_gp_update(which)
     _add_ingest(which)
+    _add_latency(which)
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
@@ -70,7 +71,33 @@ def _regret(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from bench import ingest
 
-    ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
+    try:
+        ingest.run(
+            args.env,
+            args.rounds,
+            args.latency_envs,
+            args.latency_rounds,
+            args.json,
+            repeats=args.repeats,
+        )
+    except ingest.QueueTooSmall as error:
+        print(f"cbo-agent bench ingest: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _latency(args: argparse.Namespace) -> int:
+    from bench import learn_latency
+
+    learn_latency.run(
+        args.env,
+        args.history,
+        args.rounds,
+        args.rate,
+        args.repeats,
+        tuple(args.modes),
+        args.json,
+    )
     return 0
 
 
@@ -84,6 +111,9 @@ def _chaos(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         seed=args.seed,
         policy=args.policy,
+        forge=not args.no_forger,
+        flood=args.flood,
+        flood_rate=args.flood_rate,
     )
     result = chaos.run(options, args.json, args.workdir)
     return 0 if result.ok else 1
@@ -218,8 +248,36 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
         "in examples/; none given: skip)",
     )
     ingest.add_argument("--latency-rounds", type=positive_int, default=20)
+    ingest.add_argument(
+        "--repeats", type=positive_int, default=5, help="interleaved runs per side (5)"
+    )
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
     ingest.set_defaults(handler=_ingest)
+
+
+def _add_latency(which: argparse._SubParsersAction) -> None:
+    latency = which.add_parser(
+        "latency",
+        help="reading -> stored -> learned latency per message while refits run (p50/p99)",
+    )
+    latency.add_argument("--env", default="alpine2", help="environment of the readings")
+    latency.add_argument(
+        "--history", type=positive_int, default=1000, help="rounds learned before (n per node)"
+    )
+    latency.add_argument(
+        "--rounds", type=positive_int, default=100, help="rounds whose readings are timed"
+    )
+    latency.add_argument("--rate", type=float, default=100.0, help="readings per second sent (100)")
+    latency.add_argument("--repeats", type=positive_int, default=5, help="runs per mode (5)")
+    latency.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["beside", "inline"],
+        default=["beside", "inline"],
+        help="refits beside the loop (the service) and/or inside the batch (before)",
+    )
+    latency.add_argument("--json", type=Path, help="write the results as JSON here")
+    latency.set_defaults(handler=_latency)
 
 
 def _add_chaos(which: argparse._SubParsersAction) -> None:
@@ -241,6 +299,18 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
     chaos.add_argument("--rounds", type=positive_int, default=40, help="max_rounds R (40)")
     chaos.add_argument("--seed", type=int, default=0, help="when and how to disrupt (0)")
     chaos.add_argument("--policy", default="random", help="the agent's policy (random)")
+    chaos.add_argument(
+        "--no-forger", action="store_true", help="no forging device beside the real one"
+    )
+    chaos.add_argument(
+        "--flood",
+        type=int,
+        default=20_000,
+        help="invalid messages a flooding device publishes beside the real one (20000; 0: none)",
+    )
+    chaos.add_argument(
+        "--flood-rate", type=float, default=200.0, help="the flood's messages per second (200)"
+    )
     chaos.add_argument("--json", type=Path, help="write the results as JSON here")
     chaos.add_argument(
         "--workdir", type=Path, help="keep the spec, store, logs and broker data here"

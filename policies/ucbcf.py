@@ -22,9 +22,11 @@ from policies._search import Problem, SearchPolicy
 
 
 class UCBCFSettings(CompositeSettings):
-    """Composite UCB settings. Attributes: beta: the σ-multiplier."""
+    """Composite UCB settings (besides the composite ones)."""
 
-    beta: float = Field(default=1.0, ge=0)
+    beta: float = Field(
+        default=1.0, ge=0, description="The σ-multiplier β of μ + β·√(π/2)·E|y − μ|."
+    )
 
 
 class UCBCFPolicy(SearchPolicy):
