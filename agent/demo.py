@@ -281,6 +281,9 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
         if policy == "dgpucb":
             usable = ", ".join(decomposed_environments())
             hint = f" (dgpucb needs a decomposed reward: --env {usable})"
+        elif policy in ("eicf", "ucbcf"):
+            usable = ", ".join(array_environments())
+            hint = f" ({policy} needs array nodes: --env {usable})"
         problem = problems[0].removeprefix(f"{policy}: ")
         raise DemoError(f"--policy {policy} on --env {options.env}: {problem}{hint}")
     check_metrics_port(options.metrics_host, options.metrics_port)
@@ -288,10 +291,15 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
 
 
 def decomposed_environments() -> list[str]:
-    """Environments whose example spec decomposes the reward into components (D-GP-UCB's need)."""
-    return [
-        name for name in environment_names() if load_spec(example_spec_path(name)).reward.components
-    ]
+    """Environments whose example spec decomposes the reward into scalar components
+    (D-GP-UCB's need)."""
+    specs = {name: load_spec(example_spec_path(name)) for name in environment_names()}
+    return [n for n, s in specs.items() if s.reward.components and not s.array_nodes]
+
+
+def array_environments() -> list[str]:
+    """Environments whose example spec has array nodes (paper 002: the composite policies)."""
+    return [n for n in environment_names() if load_spec(example_spec_path(n)).array_nodes]
 
 
 def broker_address(text: str) -> BrokerAddress:

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from agent.cli import RUN_FLAG_SETTINGS, RUN_SPEC_FLAGS, build_parser
 from agent.config import _ENVIRONMENT, AgentConfig
-from agent.demo import DemoOptions, decomposed_environments, demo_spec
+from agent.demo import DemoOptions, array_environments, decomposed_environments, demo_spec
 from agent.validate import check_policy
 from policies.registry import policy_names
 from sim.registry import environment_names
@@ -107,13 +107,37 @@ def demo_paragraph() -> str:
 def test_readme_lists_the_demo_policies_that_work():
     paragraph = demo_paragraph()
     anywhere = re.search(r"`--policy ([a-z|]+)` \(any environment\)", paragraph)
+    scalar_only = re.search(r"`--policy ([a-z|]+)` \(any environment but `([a-z-]+)`", paragraph)
+    composite = re.search(
+        r"`--policy ([a-z|]+)` only with `--env\s+([a-z|-]+)` \(paper 002", paragraph
+    )
+    assert scalar_only and composite, paragraph
+    assert [scalar_only.group(2)] == array_environments() == composite.group(2).split("|")
     decomposed = re.search(r"`--policy (\w+)` only with `--env ([a-z|-]+)`", paragraph)
     assert anywhere and decomposed, paragraph
     general = anywhere.group(1).split("|")
     fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
     assert fidelity, paragraph
     multi = fidelity.group(1).split("|")
-    assert sorted([*general, *multi, decomposed.group(1)]) == sorted(policy_names())
+    scalar = scalar_only.group(1).split("|")
+    composites = composite.group(1).split("|")
+    named = [*general, *scalar, *composites, *multi, decomposed.group(1)]
+    assert sorted(named) == sorted(policy_names())
+    for env in array_environments():
+        for policy in [*general, *composites]:
+            candidate = demo_spec(DemoOptions(env=env, policy=policy))
+            assert check_policy(candidate) == [], (env, policy)
+        for policy in scalar:
+            assert check_policy(demo_spec(DemoOptions(env=env, policy=policy))), (env, policy)
+    for env in environment_names():
+        if env in array_environments():
+            continue
+        spec = demo_spec(DemoOptions(env=env))
+        for policy in scalar:
+            candidate = spec.model_copy(
+                update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
+            )
+            assert check_policy(candidate) == [], (env, policy)
     for env in fidelity.group(2).split("|"):
         spec = demo_spec(DemoOptions(env=env))
         for policy in multi:
