@@ -98,3 +98,48 @@ def test_eicf_runs_the_environmental_model_through_the_service_on_the_embedded_b
         env = make_environment("environmental")
         for row, stored in zip(fields, store.rounds(name), strict=True):
             assert np.allclose(row.array(), env.step(stored.intervention)["field"], rtol=1e-12)
+
+
+def array_reading(exp, round_: int, node: str, array, seq: int):
+    from connectors.arrays import ArrayPayload
+    from connectors.schemas import Reading
+
+    payload = None if array is None else ArrayPayload.from_numpy(np.asarray(array), "float64")
+    value = 1.0 if array is None else None
+    fields = {"experiment": exp.name, "round": round_, "node": node, "seq": seq}
+    return Reading(**fields, value=value, device_id="sim-environmental", at=0.0, array=payload)
+
+
+def test_the_join_stores_a_good_array_and_rejects_bad_ones_with_a_reason() -> None:
+    from agent.experiment import Experiment
+    from tests.test_agent_join import Clock, ack
+
+    spec = load_spec("examples/environmental.yaml")
+    random = spec.policy.model_copy(update={"name": "random", "settings": {}})
+    spec = spec.model_copy(update={"policy": random})
+    store = Store(":memory:")
+    exp = Experiment(spec, store, seed=0, clock=Clock())
+    live = exp.propose()
+    exp.mark_published(live.number)
+    exp.on_ack(ack(exp, live.number))
+    field = make_environment("environmental").step(live.intervention)["field"]
+    bad = [
+        (np.zeros((4, 3)), "wrong_shape"),
+        (None, "not_an_array"),
+        (np.full((3, 4), 1e9), "out_of_range"),
+    ]
+    verdicts = exp.on_readings(
+        [array_reading(exp, live.number, "field", a, seq) for seq, (a, _) in enumerate(bad)]
+    )
+    assert [(v.outcome, v.reason) for v in verdicts] == [("rejected", why) for _, why in bad]
+    (unexpected,) = exp.on_readings([array_reading(exp, live.number, "score", field, 9)])
+    assert (unexpected.outcome, unexpected.reason) == ("rejected", "unexpected_array")
+    (good,) = exp.on_readings([array_reading(exp, live.number, "field", field, 10)])
+    assert good.outcome == "accepted"
+    (row,) = store.readings(exp.name)
+    assert np.array_equal(row.array(), field) and row.value == pytest.approx(field.mean())
+    record = exp.model.history[live.model_round]
+    assert record.readings["score"] == pytest.approx(
+        make_environment("environmental").expected_reward(live.intervention)
+    )
+    assert live.status.value == "closed"  # the field was every reported node
