@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
 
 from agent import join
+from core.gp.field import FieldRefitJob
 from core.gp.refit import RefitJob, RefitResult, run_refit
 
 if TYPE_CHECKING:
@@ -35,13 +36,16 @@ __all__ = ["BackgroundRefits", "run_jobs"]
 log = structlog.get_logger(__name__)
 
 
-def run_jobs(jobs: dict[str, RefitJob]) -> dict[str, RefitResult]:
+def run_jobs(jobs: dict[str, Any]) -> dict[str, Any]:
     """Run each job (in the calling thread, with one torch thread: the other core is the
-    event loop's)."""
+    event loop's): node GP refits (`run_refit`) and array nodes' field refits (`job.run`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {key: run_refit(job) for key, job in jobs.items()}
+        return {
+            key: job.run() if isinstance(job, FieldRefitJob) else run_refit(job)
+            for key, job in jobs.items()
+        }
     finally:
         torch.set_num_threads(threads)
 
@@ -90,7 +94,8 @@ class BackgroundRefits:
     def _nodes(self, jobs: dict[str, RefitJob]) -> list[str]:
         order = self.exp.model.order
         names = [order[j] for j in jobs["nodes"].members] if "nodes" in jobs else []
-        return names + (["(flat)"] if "flat" in jobs else [])
+        fields = [key.removeprefix("field:") for key in jobs if key.startswith("field:")]
+        return names + fields + (["(flat)"] if "flat" in jobs else [])
 
     def install_ready(self) -> bool:
         """Swap in a finished job's results (on the driver, between batches); True if any."""
@@ -108,6 +113,10 @@ class BackgroundRefits:
             if key == "nodes":
                 join.save_snapshot(exp)
                 join.log_refit(exp, report, fit_s=result.seconds)
+            elif key.startswith("field:"):
+                exp.log.info(
+                    "model.refit", nodes=[key.removeprefix("field:")], fit_s=result.seconds
+                )
         self.installed += 1
         exp.log.debug("model.installed", seconds=time.perf_counter() - started)
         return True

@@ -24,7 +24,7 @@ import torch
 
 from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
-from core.gp.field import FieldModel, FieldModelKind
+from core.gp.field import FieldModel, FieldModelKind, FieldRefitJob, FieldRefitResult
 from core.gp.refit import RefitJob, RefitResult
 from core.reward import RewardFunction
 from core.spec import ExperimentSpec
@@ -364,15 +364,25 @@ class NetworkModel:
             record.learned.add(node)
 
     # ------------------------------------------------------------------ refits beside the model
-    def refit_jobs(self) -> dict[str, RefitJob]:
-        """The due refits of the node GPs ("nodes") and of the flat GP ("flat", once built),
-        copied out to run beside the model (`core.gp.refit.run_refit`); empty when none."""
-        gps = {"nodes": self.gp, "flat": self._flat}
-        jobs = {key: gp.refit_job() for key, gp in gps.items() if gp is not None}
+    def refit_jobs(self) -> dict[str, RefitJob | FieldRefitJob]:
+        """The due refits of the node GPs ("nodes"), of the flat GP ("flat", once built) and
+        of the array nodes' field models ("field:<node>", once built), copied out to run beside
+        the model (`core.gp.refit.run_refit`, `FieldRefitJob.run`); empty when none."""
+        gps = {"nodes": self.gp, "flat": self._flat} if self.order else {"flat": self._flat}
+        jobs: dict[str, RefitJob | FieldRefitJob | None] = {
+            key: gp.refit_job() for key, gp in gps.items() if gp is not None
+        }
+        jobs |= {f"field:{node}": field.refit_job() for node, field in self.fields.items()}
         return {key: job for key, job in jobs.items() if job is not None}
 
-    def install(self, key: str, result: RefitResult) -> LearnReport:
-        """Swap in the result of `refit_jobs()[key]` (see `IncrementalGP.install`)."""
+    def install(self, key: str, result: RefitResult | FieldRefitResult) -> LearnReport:
+        """Swap in the result of `refit_jobs()[key]` (see `IncrementalGP.install`,
+        `FieldModel.install`)."""
+        if key.startswith("field:"):
+            assert isinstance(result, FieldRefitResult)
+            self.fields[key.removeprefix("field:")].install(result)
+            return LearnReport(torch.zeros(0, dtype=self.dtype))
+        assert isinstance(result, RefitResult)
         gp = self.gp if key == "nodes" else self._flat
         if gp is None:
             raise KeyError(f"no GP {key!r} to install a refit in")
@@ -585,7 +595,8 @@ class NetworkModel:
         """The array node's model, built from `history` on first use and then kept up to date
         by `observe` (O(n²) per reading). Its hyperparameters are fitted by `refresh_field`,
         which the array policies call before proposing (in the policy's worker thread, off the
-        ingest path). The kind and fit effort of the first call stay."""
+        ingest path), and by the service's background refits (`refit_jobs`). The kind and fit
+        effort of the first call stay."""
         if node not in self.fields:
             inputs = self.inputs[node]
             if not inputs.actions:
@@ -605,9 +616,12 @@ class NetworkModel:
         return self.fields[node]
 
     def refresh_field(self, node: str) -> bool:
-        """Refit the node's field model when due (see `FieldModel.refit_due`); True if it did."""
+        """Fit the node's field model now if it has never been fitted, or if a refit is due
+        and no refit job is out (the service runs them beside the loop: `refit_jobs`); True
+        if it did. A model whose refit runs elsewhere keeps its hyperparameters meanwhile
+        (its posterior is still exact: readings extend the root)."""
         model = self.fields[node]
-        if model.refit_due:
+        if model.gp is None or (model.refit_due and not model.job_out):
             model.refit()
             return True
         return False

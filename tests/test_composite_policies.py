@@ -143,3 +143,26 @@ def test_the_join_stores_a_good_array_and_rejects_bad_ones_with_a_reason() -> No
         make_environment("environmental").expected_reward(live.intervention)
     )
     assert live.status.value == "closed"  # the field was every reported node
+
+
+def test_a_field_refit_runs_beside_the_model_and_installs_with_the_rows_that_came_meanwhile():
+    model, env = taught_model()
+    field = model.field_model("field", "hogp", fit_steps=5)
+    model.refresh_field("field")  # the first fit, synchronous: nothing to sample without it
+    extra = env.initial_design(seed=11)
+    for action in extra:  # 5 more: the schedule (refit_every 5) makes a refit due
+        model.learn(action, {"field": env.step(action)["field"]})
+    jobs = model.refit_jobs()
+    assert list(jobs) == ["field:field"] and model.refit_jobs() == {}  # one job at a time
+    late = env.initial_design(seed=12)[0]
+    model.learn(late, {"field": env.step(late)["field"]})  # arrives while the job runs
+    assert not model.refresh_field("field")  # the policy does not fit again meanwhile
+    result = jobs["field:field"].run()
+    model.install("field:field", result)
+    assert result.n == 11 and field.n == 12 and field.since_fit == 1 and not field.job_out
+    # the installed model is the exact GP of all 12 rows with the fitted hyperparameters
+    gp = field.gp
+    rebuilt = type(gp)(gp.kernel, gp.factors, gp.noise, gp.x, gp.y)
+    x = field.normalize(torch.tensor([[9.0, 0.05, 2.0, 30.2]], dtype=torch.float64))
+    torch.testing.assert_close(gp.posterior_mean(x), rebuilt.posterior_mean(x), atol=1e-8, rtol=0)
+    assert gp.n == 12

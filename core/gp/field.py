@@ -21,6 +21,8 @@ policy's worker thread, when `refit_due` (every `refit_every` observations, as t
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
@@ -29,7 +31,7 @@ import torch
 from core.gp.kronecker import KroneckerGP
 from core.gp.matheron import MatheronSamples
 
-__all__ = ["FieldModel", "FieldModelKind", "FieldSamples"]
+__all__ = ["FieldModel", "FieldModelKind", "FieldRefitJob", "FieldRefitResult", "FieldSamples"]
 
 FieldModelKind = Literal["hogp", "icm"]
 _MIN_SCALE = 1e-9
@@ -67,6 +69,7 @@ class FieldModel:
         self.scale = 1.0
         self.since_fit = 0
         self.fits = 0
+        self.job_out = False  # a refit job was handed out and not installed yet
 
     # ------------------------------------------------------------------ data
     @property
@@ -113,24 +116,34 @@ class FieldModel:
 
     # ------------------------------------------------------------------ fitting
     def refit(self) -> None:
-        """Fit the hyperparameters by BoTorch on all observations and rebuild the posterior."""
+        """Fit the hyperparameters by BoTorch on all observations and rebuild the posterior,
+        here and now (`refit_job` + `install` do the same beside the caller)."""
         if self.n == 0:
             raise ValueError("no observations to fit")
-        self.mean = self.y.mean(0)
-        spread = float((self.y - self.mean).std()) if self.n > 1 else 0.0
-        self.scale = spread if math.isfinite(spread) and spread > _MIN_SCALE else 1.0
-        x = self.normalize(self.x)
-        y = (self.y - self.mean) / self.scale
-        kernel, factors, noise, offset = (
-            _fit_hogp(x, y, self.fit_steps)
-            if self.kind == "hogp"
-            else _fit_icm(x, y, self.fit_steps)
+        self.install(self._job().run())
+
+    def refit_job(self) -> FieldRefitJob | None:
+        """A copy of what a due refit needs, to run elsewhere (`FieldRefitJob.run`), or None
+        when none is due or one is already out (until its result is installed)."""
+        if not self.refit_due or self.job_out:
+            return None
+        self.job_out = True
+        return self._job()
+
+    def _job(self) -> FieldRefitJob:
+        return FieldRefitJob(
+            self.kind, self.shape, self.bounds, self.x.clone(), self.y.clone(), self.fit_steps
         )
-        self.mean = self.mean + self.scale * offset
-        y = (self.y - self.mean) / self.scale
-        self.gp = KroneckerGP(kernel, factors, noise, x, self._engine(y))
-        self.since_fit = 0
+
+    def install(self, result: FieldRefitResult) -> None:
+        """Use a refit's hyperparameters and standardization on all observations, those that
+        arrived while it ran included (one O(n³) rebuild)."""
+        self.mean, self.scale = result.mean, result.scale
+        x, y = self.normalize(self.x), (self.y - self.mean) / self.scale
+        self.gp = KroneckerGP(result.kernel, result.factors, result.noise, x, self._engine(y))
+        self.since_fit = self.n - result.n
         self.fits += 1
+        self.job_out = False
 
     def set_hyperparameters(
         self, kernel: object, factors: list[torch.Tensor], noise: float, scale: float = 1.0
@@ -156,6 +169,49 @@ class FieldModel:
             raise RuntimeError("the field model has not been fitted (call refit)")
         mean = self.gp.posterior_mean(self.normalize(x.to(torch.float64)))
         return self.mean + self.scale * self._unengine(mean)
+
+
+@dataclass(frozen=True)
+class FieldRefitResult:
+    """Fitted hyperparameters of a field model, from `n` observations."""
+
+    kernel: Any
+    factors: list[torch.Tensor]
+    noise: float
+    mean: torch.Tensor  # (*shape) the prior mean, output units
+    scale: float
+    n: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FieldRefitJob:
+    """A field model's refit on a copy of its data: runs in any thread, touches nothing else."""
+
+    kind: FieldModelKind
+    shape: tuple[int, ...]
+    bounds: torch.Tensor
+    x: torch.Tensor  # (n, d) raw inputs
+    y: torch.Tensor  # (n, *shape) raw outputs
+    fit_steps: int
+
+    def run(self) -> FieldRefitResult:
+        started = time.perf_counter()
+        n = len(self.x)
+        mean = self.y.mean(0)
+        spread = float((self.y - mean).std()) if n > 1 else 0.0
+        scale = spread if math.isfinite(spread) and spread > _MIN_SCALE else 1.0
+        low, high = self.bounds[:, 0], self.bounds[:, 1]
+        x = (self.x - low) / (high - low)
+        y = (self.y - mean) / scale
+        if self.kind == "hogp":
+            kernel, factors, noise, offset = _fit_hogp(x, y, self.fit_steps)
+        else:
+            kernel, factors, noise, offset = _fit_icm(x, y, self.fit_steps)
+        mean = mean + scale * offset
+        return FieldRefitResult(
+            kernel, factors, noise, mean, scale, n, time.perf_counter() - started
+        )
 
 
 class FieldSamples:
