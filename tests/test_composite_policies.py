@@ -17,7 +17,14 @@ from policies.base import Constraints
 from policies.registry import make_policy
 from sim.registry import make_environment
 
-FAST = {"mc_samples": 16, "fit_steps": 10, "raw_samples": 32, "restarts": 2, "max_seconds": 20}
+FAST = {
+    "mc_samples": 8,
+    "fit_steps": 3,
+    "raw_samples": 16,
+    "restarts": 1,
+    "maxiter": 10,
+    "max_seconds": 5,
+}
 
 
 def taught_model(rounds: int = 6) -> tuple[NetworkModel, object]:
@@ -45,7 +52,7 @@ def test_the_model_composes_the_reward_from_the_field_and_checks_its_shape() -> 
 
 def test_a_field_model_learns_by_root_extension_equal_to_a_rebuild() -> None:
     model, _ = taught_model()
-    field = model.field_model("field", "hogp", fit_steps=5)
+    field = model.field_model("field", "hogp", fit_steps=2)
     model.refresh_field("field")
     env = make_environment("environmental")
     extra = env.initial_design(seed=7)[:3]
@@ -147,7 +154,7 @@ def test_the_join_stores_a_good_array_and_rejects_bad_ones_with_a_reason() -> No
 
 def test_a_field_refit_runs_beside_the_model_and_installs_with_the_rows_that_came_meanwhile():
     model, env = taught_model()
-    field = model.field_model("field", "hogp", fit_steps=5)
+    field = model.field_model("field", "hogp", fit_steps=2)
     model.refresh_field("field")  # the first fit, synchronous: nothing to sample without it
     extra = env.initial_design(seed=11)
     for action in extra:  # 5 more: the schedule (refit_every 5) makes a refit due
