@@ -173,3 +173,25 @@ def test_a_field_refit_runs_beside_the_model_and_installs_with_the_rows_that_cam
     x = field.normalize(torch.tensor([[9.0, 0.05, 2.0, 30.2]], dtype=torch.float64))
     torch.testing.assert_close(gp.posterior_mean(x), rebuilt.posterior_mean(x), atol=1e-8, rtol=0)
     assert gp.n == 12
+
+
+def test_a_restart_replays_array_readings_into_the_model(tmp_path) -> None:
+    from agent.experiment import Experiment
+    from tests.test_agent_join import Clock, ack
+
+    spec = load_spec("examples/environmental.yaml")
+    random = spec.policy.model_copy(update={"name": "random", "settings": {}})
+    spec = spec.model_copy(update={"policy": random})
+    env = make_environment("environmental")
+    with Store(tmp_path / "s.sqlite") as store:
+        before = Experiment(spec, store, seed=0, clock=Clock())
+        for seq in range(3):
+            live = before.propose()
+            before.mark_published(live.number)
+            before.on_ack(ack(before, live.number))
+            field = env.step(live.intervention)["field"]
+            before.on_readings([array_reading(before, live.number, "field", field, seq)])
+        after = Experiment(spec, store, seed=0, clock=Clock())
+    for old, new in zip(before.model.history, after.model.history, strict=True):
+        assert new.readings["score"] == old.readings["score"]
+        torch.testing.assert_close(new.arrays["field"], old.arrays["field"], rtol=0, atol=0)
