@@ -18,16 +18,15 @@ import binascii
 import math
 from typing import Annotated, Any, Final, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 __all__ = ["ARRAY_DTYPES", "MAX_ARRAY_DIMS", "MAX_ARRAY_ELEMENTS", "ArrayPayload"]
 
 ArrayDtype = Literal["float32", "float64"]
-ARRAY_DTYPES: Final[dict[str, np.dtype]] = {
-    "float32": np.dtype("<f4"),
-    "float64": np.dtype("<f8"),
-}
+# numpy's little-endian type codes and item sizes; numpy itself is imported where an array is
+# decoded, so that `import connectors` stays free of it (tests/test_connectors_imports.py)
+ARRAY_DTYPES: Final[dict[str, str]] = {"float32": "<f4", "float64": "<f8"}
+_ITEMSIZE: Final[dict[str, int]] = {"float32": 4, "float64": 8}
 MAX_ARRAY_DIMS: Final = 3  # [t] or [c, h, w]
 # 2 x 64 x 64 = 8,192 float32 are 32 KiB, 43.7 kB as base64: they fit the 64 KiB payload limit
 # with room for the envelope; float64 of that size does not (the payload limit refuses it).
@@ -50,7 +49,7 @@ class ArrayPayload(BaseModel):
     ]
     data: Annotated[str, Field(max_length=_MAX_DATA_CHARS)]
 
-    _array: np.ndarray = PrivateAttr()
+    _array: Any = PrivateAttr()  # the decoded numpy array
 
     @model_validator(mode="after")
     def _decode(self) -> ArrayPayload:
@@ -61,13 +60,14 @@ class ArrayPayload(BaseModel):
             raw = base64.b64decode(self.data, validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("data: not standard base64") from None
-        dtype = ARRAY_DTYPES[self.dtype]
-        if len(raw) != count * dtype.itemsize:
+        need = count * _ITEMSIZE[self.dtype]
+        if len(raw) != need:
             raise ValueError(
-                f"data: {len(raw)} bytes, shape {self.shape} of {self.dtype} needs "
-                f"{count * dtype.itemsize}"
+                f"data: {len(raw)} bytes, shape {self.shape} of {self.dtype} needs {need}"
             )
-        array = np.frombuffer(raw, dtype=dtype).reshape(self.shape)
+        import numpy as np
+
+        array = np.frombuffer(raw, dtype=ARRAY_DTYPES[self.dtype]).reshape(self.shape)
         bad = int(np.count_nonzero(~np.isfinite(array)))
         if bad:
             raise ValueError(f"array holds {bad} non-finite element(s) (NaN or infinity)")
@@ -84,13 +84,15 @@ class ArrayPayload(BaseModel):
     def __hash__(self) -> int:
         return hash((self.dtype, tuple(self.shape), self.data))
 
-    def to_numpy(self) -> np.ndarray:
+    def to_numpy(self) -> Any:
         """The array, read-only, in its wire dtype (little-endian) and shape."""
         return self._array
 
     @classmethod
     def from_numpy(cls, array: Any, dtype: ArrayDtype = "float32") -> ArrayPayload:
         """Encode `array` (anything numpy converts) as `dtype`; ValueError as validation does."""
+        import numpy as np
+
         values = np.ascontiguousarray(np.asarray(array, dtype=ARRAY_DTYPES[dtype]))
         data = base64.b64encode(values.tobytes(order="C")).decode("ascii")
         return cls(dtype=dtype, shape=[int(n) for n in values.shape], data=data)
