@@ -50,6 +50,7 @@ LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedba
 LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
 SESSION_WAIT_S = 30.0  # how long lingering waits for a broker session to read what it queued
 DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
+PUBLISH_RETRY_S = 0.5  # a publish that failed is tried again after this
 _KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
 
 
@@ -128,10 +129,15 @@ class Link:
             try:
                 await connection.publish(topic, payload, qos=qos, retain=retain)
                 return
-            except MqttConnectionError:
-                # the supervisor is reconnecting: wait for the next connection and try again
-                if self._connection is connection:
-                    self.detach()
+            except MqttConnectionError as error:
+                # A broken link ends its session, which detaches it; a new session attaches the
+                # next. A PUBACK slower than the timeout (a broker busy saving a flood) fails the
+                # same way on a link that lives on: detaching here would leave every publisher
+                # waiting for a connection that never comes while the session still delivers
+                # (and nothing drains the inboxes). So: wait a moment, then publish again on
+                # whatever connection is current (QoS 1: receivers drop the duplicate).
+                log.warning("mqtt.publish_retry", topic=topic, error=str(error))
+                await asyncio.sleep(PUBLISH_RETRY_S)
 
 
 class AgentService:
