@@ -70,13 +70,9 @@ def _regret(args: argparse.Namespace) -> int:
 def _decision(args: argparse.Namespace) -> int:
     from bench import decision
 
-    settings: dict[str, object] = {}
-    for policy, key, value in args.setting:
-        if policy is None or policy == args.policy:
-            settings[key] = value
     try:
         decision.run(
-            args.env, args.policy, args.rounds, args.seed, settings, args.json, args.threads
+            args.env, args.policy, args.rounds, args.seed, args.setting, args.json, args.threads
         )
     except decision.BadArguments as error:
         print(f"cbo-agent bench decision: error: {error}", file=sys.stderr)
@@ -208,7 +204,8 @@ def _add_decision(which: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="[POLICY:]KEY=VALUE",
-        help="policy setting, value parsed as YAML; repeatable",
+        help="policy setting, value parsed as YAML (POLICY: only where that policy runs); "
+        "repeatable",
     )
     decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
     decision.add_argument("--json", type=Path, help="write the rows as JSON here")

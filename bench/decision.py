@@ -9,11 +9,18 @@ The table gives p50, p95 and the maximum over the R rounds, how many proposals h
 wall-clock cap (`diagnostics["timed_out"]`), and the episode's cumulative regret (one seed: a
 sanity check, not a regret estimate — `bench regret` is that).
 
+Two clocks: wall time, what a plant waits for, and the process's CPU time, the work a proposal
+needs. On a machine shared with other work the wall time grows with the load, and a policy's
+wall-clock cap (`max_seconds`) then cuts its search short; CPU time with one torch thread
+(`--threads 1`) and a cap raised out of the way (`--setting max_seconds=600`) measures the work
+itself: what the wall time is on an idle core.
+
 Torch keeps its default thread count (the agent's), unless `--threads` says otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -48,10 +55,14 @@ class DecisionRow:
     p95_s: float
     max_s: float
     mean_s: float
+    cpu_p50_s: float
+    cpu_p95_s: float
+    cpu_max_s: float
     timed_out: int
     cumulative_regret: float
     status: str
     seconds: list[float]
+    cpu_seconds: list[float]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -74,20 +85,27 @@ def env_names(names: Sequence[str] | None) -> list[str]:
         raise BadArguments(str(error)) from None
 
 
+Setting = tuple[str | None, str, Any]  # (policy it applies to, or None for any; key; value)
+
+
 def measure(
-    env: str, policy: str | None, rounds: int, seed: int, settings: dict[str, Any]
+    env: str, policy: str | None, rounds: int, seed: int, settings: Sequence[Setting] = ()
 ) -> DecisionRow:
-    """Play one episode of `env` with `policy` (None: the spec's) and time its proposals."""
+    """Play one episode of `env` with `policy` (None: the spec's, with the spec's settings) and
+    time its proposals; `settings` apply where their policy runs."""
     spec_path = example_spec_path(env)
-    name = policy or load_spec(spec_path).policy.name
-    if policy is None:
-        settings = {**load_spec(spec_path).policy.settings, **settings}
-    config = RunConfig(env, name, seed, rounds, settings, str(spec_path))
+    spec_policy = load_spec(spec_path).policy
+    name = policy or spec_policy.name
+    chosen = dict(spec_policy.settings) if policy is None else {}
+    chosen.update({key: value for who, key, value in settings if who in (None, name)})
+    config = RunConfig(env, name, seed, rounds, chosen, str(spec_path))
     payload = play(config)
     history = payload["history"]
     seconds = [float(r["decision_seconds"]) for r in history]
+    cpu = [float(r.get("decision_cpu_seconds", "nan")) for r in history]
     timed_out = sum(bool((r.get("diagnostics") or {}).get("timed_out")) for r in history)
-    regret = float(sum(r["regret"] for r in history if r.get("regret") is not None))
+    regrets = [r["regret"] for r in history if r.get("regret") is not None]
+    regret = float(sum(regrets)) if regrets else float("nan")  # paper 001's runs keep none
     status = payload["status"] if payload["error"] is None else f"failed: {payload['error']}"
     return DecisionRow(
         env,
@@ -97,10 +115,14 @@ def measure(
         quantile(seconds, 0.95),
         max(seconds, default=float("nan")),
         statistics.fmean(seconds) if seconds else float("nan"),
+        quantile(cpu, 0.5),
+        quantile(cpu, 0.95),
+        max(cpu, default=float("nan")),
         timed_out,
         regret,
         status,
         seconds,
+        cpu,
     )
 
 
@@ -109,7 +131,7 @@ def run(
     policy: str | None,
     rounds: int,
     seed: int,
-    settings: dict[str, Any],
+    settings: Sequence[Setting],
     json_path: Path | None,
     threads: int | None = None,
 ) -> list[DecisionRow]:
@@ -137,8 +159,9 @@ def run(
                 "policy": policy,
                 "rounds": rounds,
                 "seed": seed,
-                "settings": settings,
+                "settings": [list(s) for s in settings],
                 "wall_seconds": time.perf_counter() - started,
+                "load_average": os.getloadavg(),
                 "rows": [asdict(r) for r in rows],
             },
         )
@@ -148,7 +171,19 @@ def run(
 def _print(rows: Sequence[DecisionRow], console: Console) -> None:
     print_table(
         "Proposal time per round (seconds)",
-        ["env", "policy", "rounds", "p50", "p95", "max", "timed out", "cum. regret", "status"],
+        [
+            "env",
+            "policy",
+            "rounds",
+            "p50",
+            "p95",
+            "max",
+            "cpu p50",
+            "cpu p95",
+            "timed out",
+            "cum. regret",
+            "status",
+        ],
         (
             [
                 r.env,
@@ -157,6 +192,8 @@ def _print(rows: Sequence[DecisionRow], console: Console) -> None:
                 r.p50_s,
                 r.p95_s,
                 r.max_s,
+                r.cpu_p50_s,
+                r.cpu_p95_s,
                 r.timed_out,
                 r.cumulative_regret,
                 r.status,

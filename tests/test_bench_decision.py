@@ -12,19 +12,22 @@ from bench import decision
 
 def test_rows_hold_every_proposal_and_their_quantiles(tmp_path: Path) -> None:
     out = tmp_path / "decision.json"
-    rows = decision.run(["dropwave"], "random", 5, 0, {}, out)
+    rows = decision.run(["dropwave"], "random", 5, 0, [], out)
     (row,) = rows
     assert row.env == "dropwave" and row.policy == "random" and row.status == "ok"
     assert row.rounds == len(row.seconds) == 5
     assert min(row.seconds) <= row.p50_s <= row.p95_s <= row.max_s == max(row.seconds)
+    assert len(row.cpu_seconds) == 5 and row.cpu_p50_s <= row.cpu_max_s == max(row.cpu_seconds)
     assert row.cumulative_regret >= 0.0  # the oracle's optimum minus what each round earned
     payload = json.loads(out.read_text())
     assert payload["schema"] == decision.SCHEMA and payload["rows"][0]["seconds"] == row.seconds
 
 
 def test_the_spec_policy_and_its_settings_are_the_default(tmp_path: Path) -> None:
-    (row,) = decision.run(["weather"], None, 2, 0, {}, None)
-    assert row.policy == "dgpucb" and row.rounds == 2
+    (row,) = decision.run(["weather"], None, 2, 0, [("mcbo", "no_such_setting", 1)], None)
+    assert row.policy == "dgpucb" and row.rounds == 2 and row.status == "ok"
+    (row,) = decision.run(["weather"], None, 1, 0, [("dgpucb", "no_such_setting", 1)], None)
+    assert row.status.startswith("failed") and "no_such_setting" in row.status
 
 
 def test_quantiles_of_few_values() -> None:
