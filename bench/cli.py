@@ -30,6 +30,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
+    _add_decision(which)
 
 
 def _gp_update(args: argparse.Namespace) -> int:
@@ -65,6 +66,19 @@ def _regret(args: argparse.Namespace) -> int:
         print("interrupted: finished runs are saved; rerun the command to go on", file=sys.stderr)
         return 130
     return 1 if result.failed else 0
+
+
+def _decision(args: argparse.Namespace) -> int:
+    from bench import decision
+
+    try:
+        decision.run(
+            args.env, args.policy, args.rounds, args.seed, args.setting, args.json, args.threads
+        )
+    except decision.BadArguments as error:
+        print(f"cbo-agent bench decision: error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -230,6 +244,30 @@ def _add_latency(which: argparse._SubParsersAction) -> None:
     )
     latency.add_argument("--json", type=Path, help="write the results as JSON here")
     latency.set_defaults(handler=_latency)
+
+
+def _add_decision(which: argparse._SubParsersAction) -> None:
+    decision = which.add_parser(
+        "decision", help="proposal time per round (p50, p95) on every shipped example"
+    )
+    decision.add_argument(
+        "--env", nargs="+", metavar="E", help="environments (default: every one with a spec)"
+    )
+    decision.add_argument("--policy", help="policy for every environment (default: the spec's)")
+    decision.add_argument("--rounds", type=positive_int, default=20, help="policy rounds (20)")
+    decision.add_argument("--seed", type=int, default=0, help="episode seed (0)")
+    decision.add_argument(
+        "--setting",
+        type=_policy_setting,
+        action="append",
+        default=[],
+        metavar="[POLICY:]KEY=VALUE",
+        help="policy setting, value parsed as YAML (POLICY: only where that policy runs); "
+        "repeatable",
+    )
+    decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
+    decision.add_argument("--json", type=Path, help="write the rows as JSON here")
+    decision.set_defaults(handler=_decision)
 
 
 def _add_chaos(which: argparse._SubParsersAction) -> None:
