@@ -278,6 +278,9 @@ def _command_line() -> _CommandLine:
     _add_sim(commands)
     _add_demo(commands)
     _add_export(commands)
+    from agent.control_cli import add_control_commands
+
+    add_control_commands(commands)
     validate = commands.add_parser(
         "validate", help="check experiment specs; exit 1 naming each offending field"
     )
