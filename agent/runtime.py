@@ -274,9 +274,7 @@ class AgentService:
     # ------------------------------------------------------------------ MQTT session
     async def _session(self, connection: MqttConnection) -> None:
         """One connection's life: subscribe, tell drivers, route messages until it drops."""
-        for name in self.experiments:
-            for kind in _KIND_SCHEMAS:
-                await connection.subscribe(self.topics.experiment_topic(name, kind))
+        await self._subscribe_all(connection)
         self.link.attach(connection)
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
@@ -290,6 +288,16 @@ class AgentService:
             self.readiness.set("broker_connected", False)
             if self.link.connected:
                 self.link.detach()
+
+    async def _subscribe_all(self, connection: MqttConnection) -> None:
+        """Subscribe to every experiment's input on a new connection."""
+        for name in self.experiments:
+            for topic_filter in self._experiment_filters(name):
+                await connection.subscribe(topic_filter)
+
+    def _experiment_filters(self, name: str) -> list[str]:
+        """The subscriptions that bring an experiment's input (built by `connectors.topics`)."""
+        return [self.topics.experiment_topic(name, kind) for kind in _KIND_SCHEMAS]
 
     def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
         try:
@@ -335,7 +343,7 @@ class AgentService:
         while True:
             for action in exp.due(time.time()):
                 await self._publish_action(exp, action)
-            if exp.can_propose(time.time()):
+            if self._may_propose(exp) and exp.can_propose(time.time()):
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
@@ -351,6 +359,11 @@ class AgentService:
                 timeout = exp.next_deadline(time.time())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
+
+    def _may_propose(self, exp: Experiment) -> bool:
+        """Whether the service lets the experiment start rounds now (a fleet's pause says no;
+        wake its driver with a "wake" item when that changes)."""
+        return True
 
     async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> None:
         """Store late feedback of a finished experiment before the service exits.
@@ -406,6 +419,8 @@ class AgentService:
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
         readings: list[tuple[Reading, IncomingMessage]] = []
         for item in batch:
+            if item.kind == "wake":  # only to re-check `_may_propose`
+                continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
                 # acknowledged may have been lost with it: publish it again, same id (unless it
