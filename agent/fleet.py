@@ -394,6 +394,11 @@ class FleetService(AgentService):
                 await self._drop(name, "lease_lost", release=False)
             except _LeaseExpired:
                 await self._drop(name, "lease_expired", release=False)
+            except StoreError as error:  # e.g. the server closed a connection left idle in a
+                # transaction while this process was frozen: whatever was under way rolled back
+                log.warning("fleet.store_error", error=str(error))
+                self._quarantine[name] = time.monotonic() + self.settings.lease_ttl_s
+                await self._drop(name, "store_error", release=True)
             except asyncio.CancelledError:
                 raise
             except Exception:  # one experiment's fault must not stop the others

@@ -11,7 +11,7 @@ store and the devices' logs:
   with one action id only (no round numbered twice, no action applied twice);
 - every reading a device published is in the store (no reading lost);
 - no experiment spent more than its budget;
-- no action of an epoch older than one the device had seen was applied.
+- no device applied an action of an older epoch after one of a newer (fencing).
 
 `run` measures, per (store, replicas, experiments): decisions per second (rounds started in the
 store per second of the run), the decision latency p95 (the replicas' ``round.published``
@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -250,25 +251,39 @@ class FleetRig:
         return kb / 1024
 
     # ---- audit -------------------------------------------------------------------------------
-    def audit(self) -> Audit:
-        """Check the fleet's record against what the devices did (see the module docstring)."""
+    def audit(self, readings_until: float | None = None) -> Audit:
+        """Check the fleet's record against what the devices did (see the module docstring).
+
+        `readings_until` (unix time): only readings published before it must be stored — for
+        a run whose replicas were stopped while devices still sent (no owner, no store)."""
         assert self.devices is not None
         log = JsonLog(self.devices.log.path)
         log.poll()
         applied: dict[tuple[str, int], set[str]] = defaultdict(set)
         published: set[tuple[str, int, str, int]] = set()
         stale = 0
+        problems: list[str] = []
+        newest: dict[str, int] = {}  # experiment -> the newest epoch applied so far
         for event in log.events:
             name = event["event"]
             if name == "device.ack_published" and event.get("status") == "applied":
                 applied[(event["experiment"], int(event["round"]))].add(event["action_id"])
-            elif name == "device.reading_published":
+                epoch = event.get("epoch")
+                if epoch is not None:
+                    if epoch < newest.get(event["experiment"], -1):
+                        problems.append(
+                            f"{event['experiment']}: round {event['round']} applied with epoch "
+                            f"{epoch} after epoch {newest[event['experiment']]}"
+                        )
+                    newest[event["experiment"]] = max(epoch, newest.get(event["experiment"], -1))
+            elif name == "device.reading_published" and (
+                readings_until is None or _unix(event) < readings_until
+            ):
                 published.add(
                     (event["experiment"], int(event["round"]), event["node"], int(event["seq"]))
                 )
             elif name == "device.action_stale_epoch":
                 stale += 1
-        problems: list[str] = []
         stored: set[tuple[str, int, str, int]] = set()
         rounds = 0
         for name in self.names:
@@ -303,6 +318,11 @@ class FleetRig:
             stale_dropped=stale,
             problems=problems,
         )
+
+
+def _unix(event: dict[str, Any]) -> float:
+    """A JSON log event's timestamp (ISO 8601, UTC) in unix seconds."""
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def _quantile(values: list[float], q: float) -> float | None:

@@ -258,7 +258,7 @@ class SimulatorDevice:
             detail = f"action for experiment {action.experiment!r} on {topic!r}"
             self._dead_letter(topic, payload, WRONG_EXPERIMENT, detail)
             return
-        alog = self._log.bind(round=action.round, action_id=action.action_id)
+        alog = self._log.bind(round=action.round, action_id=action.action_id, epoch=action.epoch)
         alog.info(
             "device.action_received",
             attempt=action.attempt,
