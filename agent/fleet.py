@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from agent.config import AgentConfig
+from agent.control_topic import answer
 from agent.experiment import Experiment
 from agent.rounds import EventSink, RoundStatus
 from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
@@ -147,6 +148,7 @@ class FleetService(AgentService):
         self._connection: MqttConnection | None = None
         self._subscriptions = asyncio.Lock()
         self._shared: Store | None = None
+        self._control_tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -465,6 +467,7 @@ class FleetService(AgentService):
 
     async def _subscribe_all(self, connection: MqttConnection) -> None:
         async with self._subscriptions:
+            await connection.subscribe(self.topics.control_request())
             await super()._subscribe_all(connection)
             self._connection = connection
 
@@ -478,6 +481,15 @@ class FleetService(AgentService):
     def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
         """Input of an experiment this replica does not own (any more) is its owner's: the
         owner has its own subscription. Acknowledged and left alone."""
+        if message.topic == self.topics.control_request():
+            connection.ack(message)
+            if self._shared is not None:
+                task = asyncio.get_running_loop().create_task(
+                    self._control(self._shared, message.payload)
+                )
+                self._control_tasks.add(task)
+                task.add_done_callback(self._control_tasks.discard)
+            return
         try:
             experiment = self.topics.parse(message.topic).experiment
         except TopicError:
@@ -487,6 +499,13 @@ class FleetService(AgentService):
             connection.ack(message)
             return
         super()._route(message, connection)
+
+    async def _control(self, store: Store, payload: bytes) -> None:
+        """Answer one control request (`agent.control_topic`)."""
+        reply = await asyncio.to_thread(answer, store, payload, self.owner, self.topics)
+        if reply is not None:
+            topic, message = reply
+            await self.link.publish(topic, encode(message))
 
     def _reject(
         self,

@@ -284,6 +284,42 @@ class Status(MessageModel):
     at: UnixTime
 
 
+class ControlRequest(MessageModel):
+    """operators → fleet replicas: one control-plane operation (`agent.control`).
+
+    `verb` is submit (with `spec`, the experiment spec as a JSON object), list, or pause,
+    resume, stop, status (with `experiment`). Replicas ignore a request older than
+    `CONTROL_MAX_AGE_S` by their clock, so one queued for a restarted replica is not replayed
+    after later changes. The reply goes to ``{prefix}/control/reply/{request_id}``.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.control"
+
+    request_id: ActionId
+    verb: Literal["submit", "list", "pause", "resume", "stop", "status"]
+    experiment: ExperimentId | None = None
+    spec: dict[str, Any] | None = None
+    at: UnixTime
+
+
+class ControlReply(MessageModel):
+    """fleet replicas → operators: what one replica did with a control request. Every replica
+    answers (the operations are idempotent: a second `pause` says ``changed: false``); take the
+    first reply. `ok` false: `error` says why in one line, and nothing was changed."""
+
+    SCHEMA: ClassVar[str] = "cbo.control_reply"
+
+    request_id: ActionId
+    replica: AgentId
+    ok: bool
+    error: Text | None = None
+    result: Any = None
+    at: UnixTime
+
+
+CONTROL_MAX_AGE_S: Final = 30.0
+
+
 class DeadLetter(MessageModel):
     """agent → operators: one rejected input, the reason code and the evidence."""
 
@@ -314,9 +350,12 @@ def _utf8_prefix(text: str) -> str:
     return safe[:DEADLETTER_TEXT_LIMIT]
 
 
-Message: TypeAlias = Action | Ack | Reading | Oracle | Status | DeadLetter
+Message: TypeAlias = (
+    Action | Ack | Reading | Oracle | Status | DeadLetter | ControlRequest | ControlReply
+)
 MESSAGE_TYPES: Final[dict[str, type[MessageModel]]] = {
-    model.SCHEMA: model for model in (Action, Ack, Reading, Oracle, Status, DeadLetter)
+    model.SCHEMA: model
+    for model in (Action, Ack, Reading, Oracle, Status, DeadLetter, ControlRequest, ControlReply)
 }
 M = TypeVar("M", bound=MessageModel)
 

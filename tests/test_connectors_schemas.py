@@ -173,6 +173,8 @@ def test_schema_names_are_the_documented_ones() -> None:
         "cbo.oracle",
         "cbo.status",
         "cbo.deadletter",
+        "cbo.control",
+        "cbo.control_reply",
     }
 
 

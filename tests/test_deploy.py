@@ -673,6 +673,10 @@ def test_acl_grants_what_the_protocol_needs() -> None:
     assert ("read", "cbo/+/action") in users["device"]
     assert ("write", "cbo/+/reading") in users["device"]
     assert all(access == "read" for access, _ in users["monitor"])
+    assert ("read", "cbo/control/request") in users["agent"]
+    assert ("write", "cbo/control/reply/+") in users["agent"]
+    assert ("write", "cbo/control/request") in users["operator"]
+    assert ("read", "cbo/control/reply/+") in users["operator"]
 
 
 # ---------------------------------------------------------------------------- Dockerfile
@@ -806,6 +810,7 @@ def test_make_passwd_writes_hashed_users(tmp_path: Path) -> None:
         "MQTT_AGENT_PASSWORD": "a-secret",
         "MQTT_DEVICE_PASSWORD": "d-secret",
         "MQTT_MONITOR_PASSWORD": "m-secret",
+        "MQTT_OPERATOR_PASSWORD": "o-secret",
     }
     result = run(["sh", str(MAKE_PASSWD), str(passwd)], env=env)
     assert result.returncode == 0, result.stderr
