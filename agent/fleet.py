@@ -462,8 +462,7 @@ class FleetService(AgentService):
         state = exp.store.experiment_state(exp.name)
         if state == "stopped":
             raise NotRunning(exp.name, action.round, state)
-        payload = encode(action.with_epoch(mine.lease.epoch))
-        await self.link.publish(self.topics.action(exp.name), payload)
+        await super()._publish_action(exp, action.with_epoch(mine.lease.epoch))
 
     async def _subscribe_all(self, connection: MqttConnection) -> None:
         async with self._subscriptions:

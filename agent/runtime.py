@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
 from agent.rounds import EventSink, Verdict
@@ -35,6 +36,7 @@ from connectors.mqtt import (
     run_with_reconnect,
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
+from connectors.signing import SignatureError, sign, unwrap
 from connectors.store import Store
 from connectors.topics import TopicError, Topics
 from core.spec import ExperimentSpec
@@ -73,6 +75,7 @@ class _Incoming:
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
     at: float = 0.0  # when it was queued
+    sender: str = ""  # the device level of the topic: who sent it (the broker's ACL says so)
 
 
 class BrokerUnavailable(Exception):
@@ -159,6 +162,7 @@ class AgentService:
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
         self.link = Link()
+        self.device_keys = config.load_device_keys()  # never logged: only the ids show
         self._subscribed = asyncio.Event()  # this life has had a broker session
         # (experiment, kind, outcome) -> messages handled: a cheap count for tests and benchmarks
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -296,8 +300,9 @@ class AgentService:
                 await connection.subscribe(topic_filter)
 
     def _experiment_filters(self, name: str) -> list[str]:
-        """The subscriptions that bring an experiment's input (built by `connectors.topics`)."""
-        return [self.topics.experiment_topic(name, kind) for kind in _KIND_SCHEMAS]
+        """The subscriptions that bring an experiment's input (built by `connectors.topics`):
+        every device's, since an unbound one is refused and counted."""
+        return [self.topics.device_filter(kind, name) for kind in _KIND_SCHEMAS]
 
     def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
         try:
@@ -307,12 +312,13 @@ class AgentService:
             connection.ack(message)
             return
         inbox = self._inboxes.get(parsed.experiment)
-        if inbox is None or parsed.kind not in _KIND_SCHEMAS:
+        if inbox is None or parsed.kind not in _KIND_SCHEMAS or parsed.device is None:
             detail = f"no experiment {parsed.experiment!r} takes {parsed.kind} messages"
             self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
             connection.ack(message)
             return
-        if not self._offer(inbox, _Incoming(parsed.kind, message, connection)):
+        item = _Incoming(parsed.kind, message, connection, sender=parsed.device)
+        if not self._offer(inbox, item):
             # not acknowledged: with a persistent session the broker delivers it again later
             detail = f"inbox of {parsed.experiment} holds {INBOX_LIMIT} unprocessed messages"
             self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
@@ -383,7 +389,12 @@ class AgentService:
             await self._handle(exp, batch)
 
     async def _publish_action(self, exp: Experiment, action: Action) -> None:
-        await self.link.publish(self.topics.action(exp.name), encode(action))
+        actuator = exp.spec.actuator_id
+        payload = encode(action)
+        key = self.device_keys.key(actuator)
+        if key is not None:  # a keyed actuator takes only actions signed with its key
+            payload = sign(payload, actuator, key)
+        await self.link.publish(self.topics.action(exp.name, actuator), payload)
 
     @staticmethod
     async def _next_batch(
@@ -450,7 +461,13 @@ class AgentService:
 
     def _decode(self, exp: Experiment, item: _Incoming) -> Reading | Ack | Oracle | None:
         try:
-            decoded = decode(item.message.payload, _KIND_SCHEMAS[item.kind])
+            payload = unwrap(item.message.payload, item.sender, self.device_keys)
+        except SignatureError as error:
+            self.metrics.untrusted(exp.name, item.kind, error.reason)  # type: ignore[arg-type]
+            self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
+            return None
+        try:
+            decoded = decode(payload, _KIND_SCHEMAS[item.kind])
         except DecodeError as error:
             self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
             return None
@@ -462,6 +479,12 @@ class AgentService:
                 "experiment_mismatch",
                 f"payload names {decoded.experiment!r} on {exp.name}'s topic",
             )
+            return None
+        refused = identity.refusal(exp.spec, item.sender, decoded)
+        if refused is not None:
+            reason, detail = refused
+            self.metrics.untrusted(exp.name, item.kind, reason)
+            self._reject(exp.name, item.kind, item.message, reason, detail)
             return None
         return decoded
 
