@@ -280,9 +280,8 @@ class FleetService(AgentService):
             return
         now = time.monotonic()
         skip = {name for name, until in self._quarantine.items() if until > now}
-        sent = time.monotonic()
         taken = await asyncio.to_thread(self._take, store, free, skip)
-        for lease, built in taken:
+        for lease, built, sent in taken:
             if isinstance(built, Experiment):
                 await self._adopt(lease, built, sent)
                 continue
@@ -295,18 +294,25 @@ class FleetService(AgentService):
 
     def _take(
         self, store: Store, free: int, skip: set[str]
-    ) -> list[tuple[Lease, Experiment | str]]:
-        """Acquire up to `free` experiments and rebuild each from the store (worker thread)."""
-        taken: list[tuple[Lease, Experiment | str]] = []
+    ) -> list[tuple[Lease, Experiment | str, float]]:
+        """Acquire up to `free` experiments and rebuild each from the store (worker thread):
+        (lease, experiment or why not, monotonic time the acquisition was sent).
+
+        A pass lasts at most one heartbeat period: rebuilding is replaying, and leases taken
+        early in a long pass would run out before the next heartbeat renews them.
+        """
+        taken: list[tuple[Lease, Experiment | str, float]] = []
+        started = time.monotonic()
         for name in store.claimable(limit=free + len(skip)):
-            if len(taken) >= free:
+            if len(taken) >= free or time.monotonic() - started > self.settings.period_s:
                 break
             if name in skip or name in self.held:
                 continue
+            sent = time.monotonic()
             lease = store.acquire_lease(name, self.owner, self.settings.lease_ttl_s)
             if lease is None:
                 continue  # another replica was faster
-            taken.append((lease, self._build(store, lease)))
+            taken.append((lease, self._build(store, lease), sent))
         return taken
 
     def _build(self, store: Store, lease: Lease) -> Experiment | str:
