@@ -1,9 +1,9 @@
 """A fleet replica (`cbo-agent serve`): runs the experiments it holds leases on, out of a store
 it shares with other replicas.
 
-Every `heartbeat_s` a lease task, beside the event loop (its store calls run in a worker
-thread), renews the leases the replica holds and takes unowned or expired experiments up to
-`capacity` (`connectors.store.leases`). An experiment taken is rebuilt from the store
+Every `heartbeat_s` a renewal task renews the leases the replica holds and a claim task takes
+unowned or expired experiments up to `capacity` (both beside the event loop: their store calls
+run in worker threads) (`connectors.store.leases`). An experiment taken is rebuilt from the store
 (`agent.recovery`: same rounds, budget and model) on a `Store.fenced` view carrying the lease
 epoch, so every write it makes is refused once another replica holds a newer epoch; its topics
 are subscribed (only those of owned experiments: plain MQTT 3.1.1), and it is driven exactly as
@@ -149,6 +149,7 @@ class FleetService(AgentService):
         self._subscriptions = asyncio.Lock()
         self._shared: Store | None = None
         self._control_tasks: set[asyncio.Task[None]] = set()
+        self._load_s: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -199,7 +200,8 @@ class FleetService(AgentService):
                 ),
                 name="mqtt",
             ),
-            asyncio.create_task(self._lease_loop(store), name="leases"),
+            asyncio.create_task(self._renew_loop(store), name="renew"),
+            asyncio.create_task(self._claim_loop(store), name="claim"),
         ]
         if self.config.broker.connect_timeout_s is not None:  # else it returns at once
             tasks.append(asyncio.create_task(self._connect_deadline(), name="connect-deadline"))
@@ -216,20 +218,33 @@ class FleetService(AgentService):
                     await task
 
     # ------------------------------------------------------------------ leases
-    async def _lease_loop(self, store: Store) -> None:
-        """Renew, drop what is lost, take what is free; every `heartbeat_s`, off the loop."""
+    async def _renew_loop(self, store: Store) -> None:
+        """Renew what is held and drop what is lost, every `heartbeat_s`, off the event loop.
+
+        A task of its own, so that taking (and rebuilding) experiments never delays a renewal.
+        """
         period = self.settings.period_s
         while True:
             started = time.monotonic()
             try:
                 await self._heartbeat(store)
-                await self._claim(store)
             except StoreError as error:  # the store is unreachable: leases run out locally
                 self.readiness.set("leases", False, f"store: {error}")
                 log.warning("fleet.store_unreachable", error=str(error))
             else:
                 self.readiness.set("leases", True, f"owns {len(self.held)} experiments")
             self._expire_locally()
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
+
+    async def _claim_loop(self, store: Store) -> None:
+        """Take free experiments up to the capacity, every `heartbeat_s`."""
+        period = self.settings.period_s
+        while True:
+            started = time.monotonic()
+            try:
+                await self._claim(store)
+            except StoreError as error:
+                log.warning("fleet.claim_failed", error=str(error))
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
     async def _heartbeat(self, store: Store) -> None:
@@ -312,7 +327,18 @@ class FleetService(AgentService):
             lease = store.acquire_lease(name, self.owner, self.settings.lease_ttl_s)
             if lease is None:
                 continue  # another replica was faster
-            taken.append((lease, self._build(store, lease), sent))
+            built = self._build(store, lease)
+            self._load_s[name] = time.monotonic() - sent
+            if isinstance(built, Experiment) and time.monotonic() - sent > self.settings.period_s:
+                # rebuilding took a while: renew before handing it over, as the heartbeat would
+                sent = time.monotonic()
+                try:
+                    lease = store.renew_lease(
+                        name, self.owner, lease.epoch, self.settings.lease_ttl_s
+                    )
+                except StoreError as error:
+                    built = f"lease lost while loading: {error}"
+            taken.append((lease, built, sent))
         return taken
 
     def _build(self, store: Store, lease: Lease) -> Experiment | str:
@@ -377,7 +403,13 @@ class FleetService(AgentService):
                 with contextlib.suppress(MqttConnectionError):  # the next session subscribes
                     for topic_filter in self._experiment_filters(name):
                         await self._connection.subscribe(topic_filter)
-        log.info("fleet.taken", experiment=name, epoch=lease.epoch, state=lease.state)
+        log.info(
+            "fleet.taken",
+            experiment=name,
+            epoch=lease.epoch,
+            state=lease.state,
+            load_s=round(self._load_s.pop(name, 0.0), 3),  # acquiring and rebuilding it
+        )
         mine.task = asyncio.create_task(self._own(exp, lease.epoch), name=f"own:{name}")
 
     async def _own(self, exp: Experiment, epoch: int) -> None:

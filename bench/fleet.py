@@ -18,7 +18,8 @@ store per second of the run), the decision latency p95 (the replicas' ``round.pu
 events: last reading of a round → next action), resident memory per experiment (replica RSS
 while owning them minus its RSS before any was submitted, over the experiments owned) and, with
 several replicas, the failover time: one replica is killed (kill -9) and, per experiment it
-held, the time until another replica holds its lease (polling the store every 50 ms).
+held, the time until another replica has taken it over (its ``fleet.taken`` event: rebuilt
+from the store, subscribed, driven).
 """
 
 from __future__ import annotations
@@ -221,21 +222,23 @@ class FleetRig:
         )
 
     def failover(self, victim: str, timeout_s: float) -> list[float]:
-        """kill -9 `victim`; seconds until each experiment it held is held by another replica."""
-        held = [name for name, owner in self.owners().items() if owner == victim]
+        """kill -9 `victim`; seconds until each experiment it held was taken over — rebuilt,
+        subscribed and driven — by another replica (its ``fleet.taken`` event)."""
+        held = {name for name, owner in self.owners().items() if owner == victim}
         self.replicas[victim].kill()
-        killed_at = time.monotonic()
-        waiting = set(held)
-        took: list[float] = []
-        while waiting and time.monotonic() - killed_at < timeout_s:
-            owners = self.owners()
-            for name in list(waiting):
-                if owners.get(name) not in (None, victim) or self.states()[name] == "stopped":
-                    waiting.discard(name)
-                    took.append(time.monotonic() - killed_at)
+        killed_at = time.time()
+        took: dict[str, float] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(took) < len(held) and time.monotonic() < deadline:
+            for name, child in self.replicas.items():
+                if name == victim:
+                    continue
+                for event in child.log.named("fleet.taken"):
+                    experiment, at = event["experiment"], _unix(event)
+                    if experiment in held and at > killed_at and experiment not in took:
+                        took[experiment] = at - killed_at
             time.sleep(0.05)
-        took += [math.inf] * len(waiting)
-        return took
+        return sorted(took.values()) + [math.inf] * (len(held) - len(took))
 
     def decision_latencies(self) -> list[float]:
         latencies = []
