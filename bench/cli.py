@@ -31,6 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_chaos(which)
     _add_store(which)
     _add_decision(which)
+    _add_fleet(which)
 
 
 def _gp_update(args: argparse.Namespace) -> int:
@@ -306,6 +307,57 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
         "--workdir", type=Path, help="keep the spec, store, logs and broker data here"
     )
     chaos.set_defaults(handler=_chaos)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from bench import fleet
+
+    stores = args.store or ["sqlite"]
+    for store in stores:
+        if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
+            print(
+                f"cbo-agent bench fleet: error: --store {store!r}: sqlite or postgresql://...",
+                file=sys.stderr,
+            )
+            return 2
+    rows = fleet.run(
+        args.experiments,
+        args.replicas,
+        stores,
+        args.json,
+        lease_ttl_s=args.lease_ttl,
+        window_s=args.window,
+        workdir=args.workdir,
+    )
+    return 1 if any(row.audit_problems for row in rows) else 0
+
+
+def _add_fleet(which: argparse._SubParsersAction) -> None:
+    fleet = which.add_parser(
+        "fleet",
+        help="replicas of cbo-agent serve on one store: decisions/s, decision p95, memory per "
+        "experiment, failover time; every run audited",
+    )
+    fleet.add_argument(
+        "--experiments", type=positive_int, nargs="+", default=[10, 100], help="N (10 100)"
+    )
+    fleet.add_argument(
+        "--replicas", type=positive_int, nargs="+", default=[1], help="R (1); R > 1 kills one"
+    )
+    fleet.add_argument(
+        "--store",
+        action="append",
+        metavar="URL",
+        help="sqlite (a new file per run) or a PostgreSQL administrative URL (a scratch "
+        "database per run, dropped after it); repeatable (default sqlite)",
+    )
+    fleet.add_argument("--lease-ttl", type=float, default=5.0, help="lease TTL, seconds (5)")
+    fleet.add_argument("--window", type=float, default=20.0, help="measured seconds (20)")
+    fleet.add_argument(
+        "--workdir", type=Path, default=Path("results/bench-fleet"), help="logs and stores"
+    )
+    fleet.add_argument("--json", type=Path, help="write the rows as JSON here")
+    fleet.set_defaults(handler=_fleet)
 
 
 def _add_store(which: argparse._SubParsersAction) -> None:

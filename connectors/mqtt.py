@@ -334,6 +334,15 @@ class MqttConnection:
             raise SubscribeRefusedError(f"broker refused {topic_filter!r}: codes {codes}")
         self._log.info("mqtt.subscribed", topic_filter=topic_filter, qos=qos)
 
+    async def unsubscribe(self, topic_filter: str) -> None:
+        """Drop a subscription (a fleet replica that no longer owns an experiment)."""
+        client = self._require_client()
+        try:
+            await client.unsubscribe(topic_filter)
+        except aiomqtt.MqttError as error:
+            raise ConnectionLostError(f"unsubscribe {topic_filter!r} failed: {error}") from error
+        self._log.info("mqtt.unsubscribed", topic_filter=topic_filter)
+
     def ack(self, message: IncomingMessage) -> bool:
         """Acknowledge a QoS 1 message (with `manual_ack`); False if this connection is gone.
 

@@ -17,9 +17,20 @@ import json
 import time
 import uuid
 from functools import partial
-from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar, get_args, overload
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    Self,
+    TypeAlias,
+    TypeVar,
+    get_args,
+    overload,
+)
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from connectors.topics import validate_experiment_id, validate_identifier
 
@@ -77,6 +88,7 @@ Text = Annotated[str, Field(max_length=DEADLETTER_TEXT_LIMIT), AfterValidator(_r
 ReasonCode = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 Round = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
 SequenceNumber = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+Epoch = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]  # a lease epoch (connectors.store.leases)
 UnixTime = Annotated[float, Field(ge=0)]
 
 
@@ -106,11 +118,15 @@ class Action(MessageModel):
     must not apply it from then on (it acks "rejected" with reason "expired"). A re-publish may
     carry a later `expires_at` (an agent restart gives it a new window), never an earlier one.
     Version 2 added `expires_at`; an action without one is written (and read) as version 1.
+    Version 3 added `epoch`, the lease epoch of the replica that published it (a fleet's
+    fencing token): a device drops an action whose epoch is older than one it has seen for the
+    experiment. An action with an epoch has an expiry too; one without an epoch is written as
+    version 2 (or 1).
     """
 
     SCHEMA: ClassVar[str] = "cbo.action"
-    VERSION: ClassVar[int] = 2
-    READS: ClassVar[tuple[int, ...]] = (1, 2)
+    VERSION: ClassVar[int] = 3
+    READS: ClassVar[tuple[int, ...]] = (1, 2, 3)
 
     experiment: ExperimentId
     round: Round
@@ -120,9 +136,19 @@ class Action(MessageModel):
     issued_at: UnixTime
     attempt: int = Field(ge=1)
     expires_at: UnixTime | None = None
+    epoch: Epoch | None = None
+
+    @model_validator(mode="after")
+    def _epoch_needs_expiry(self) -> Self:
+        if self.epoch is not None and self.expires_at is None:
+            raise ValueError("epoch: an action with a lease epoch needs expires_at (version 3)")
+        return self
 
     def wire(self) -> tuple[int, dict[str, Any]]:
         fields = self.model_dump(mode="json")
+        if self.epoch is not None:
+            return 3, fields
+        del fields["epoch"]
         if self.expires_at is None:
             del fields["expires_at"]
             return 1, fields
@@ -132,8 +158,16 @@ class Action(MessageModel):
     def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
         if version == 1 and "expires_at" in fields:
             raise ValueError("expires_at: not a field of version 1 (send version 2)")
-        if version == 2 and fields.get("expires_at") is None:
-            raise ValueError("expires_at: required in version 2")
+        if version in (2, 3) and fields.get("expires_at") is None:
+            raise ValueError(f"expires_at: required in version {version}")
+        if version < 3 and "epoch" in fields:
+            raise ValueError(f"epoch: not a field of version {version} (send version 3)")
+        if version == 3 and fields.get("epoch") is None:
+            raise ValueError("epoch: required in version 3")
+
+    def with_epoch(self, epoch: int) -> Action:
+        """This action as a fleet replica holding the experiment's lease at `epoch` sends it."""
+        return self.model_copy(update={"epoch": epoch})
 
     def expired(self, now: float) -> bool:
         """Whether an actuator must refuse the action at `now` (unix seconds)."""
@@ -250,6 +284,42 @@ class Status(MessageModel):
     at: UnixTime
 
 
+class ControlRequest(MessageModel):
+    """operators → fleet replicas: one control-plane operation (`agent.control`).
+
+    `verb` is submit (with `spec`, the experiment spec as a JSON object), list, or pause,
+    resume, stop, status (with `experiment`). Replicas ignore a request older than
+    `CONTROL_MAX_AGE_S` by their clock, so one queued for a restarted replica is not replayed
+    after later changes. The reply goes to ``{prefix}/control/reply/{request_id}``.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.control"
+
+    request_id: ActionId
+    verb: Literal["submit", "list", "pause", "resume", "stop", "status"]
+    experiment: ExperimentId | None = None
+    spec: dict[str, Any] | None = None
+    at: UnixTime
+
+
+class ControlReply(MessageModel):
+    """fleet replicas → operators: what one replica did with a control request. Every replica
+    answers (the operations are idempotent: a second `pause` says ``changed: false``); take the
+    first reply. `ok` false: `error` says why in one line, and nothing was changed."""
+
+    SCHEMA: ClassVar[str] = "cbo.control_reply"
+
+    request_id: ActionId
+    replica: AgentId
+    ok: bool
+    error: Text | None = None
+    result: Any = None
+    at: UnixTime
+
+
+CONTROL_MAX_AGE_S: Final = 30.0
+
+
 class DeadLetter(MessageModel):
     """agent → operators: one rejected input, the reason code and the evidence."""
 
@@ -280,9 +350,12 @@ def _utf8_prefix(text: str) -> str:
     return safe[:DEADLETTER_TEXT_LIMIT]
 
 
-Message: TypeAlias = Action | Ack | Reading | Oracle | Status | DeadLetter
+Message: TypeAlias = (
+    Action | Ack | Reading | Oracle | Status | DeadLetter | ControlRequest | ControlReply
+)
 MESSAGE_TYPES: Final[dict[str, type[MessageModel]]] = {
-    model.SCHEMA: model for model in (Action, Ack, Reading, Oracle, Status, DeadLetter)
+    model.SCHEMA: model
+    for model in (Action, Ack, Reading, Oracle, Status, DeadLetter, ControlRequest, ControlReply)
 }
 M = TypeVar("M", bound=MessageModel)
 
