@@ -267,8 +267,9 @@ class PolicySpec(_Strict):
 
     name: str = Field(
         default="mcbo",
-        description="The policy: `mcbo`, `eifn`, `gpucb`, `dgpucb` (a decomposed reward only) "
-        "or `random` (`cbo-agent bench regret --list` lists them).",
+        description="The policy: `mcbo`, `eifn`, `eicbo` (hard interventions only), `gpucb`, "
+        "`dgpucb` (a decomposed reward only) or `random` (`cbo-agent bench regret --list` lists "
+        "them).",
     )
     settings: dict[str, Any] = Field(
         default={},
