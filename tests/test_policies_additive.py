@@ -95,3 +95,12 @@ def test_hagpucb_asks_again_for_a_stencil_point_whose_round_got_no_reward():
         model.learn(p.intervention, {"R": 0.0})
     again = policy.propose(model, Constraints(), rng)
     assert again.intervention == first.intervention and again.diagnostics["phase"] == 1
+
+
+def test_cmaes_plays_whole_generations_and_improves():
+    policy, played = _play("cmaes", {"popsize": 6}, 60)
+    generations = [p.diagnostics["generation"] for p, _ in played]
+    assert generations[:6] == [0] * 6 and generations[6] == 1
+    first, last = [v for _, v in played[:6]], [v for _, v in played[-6:]]
+    assert sum(last) / 6 > sum(first) / 6
+    assert policy.generations == 9

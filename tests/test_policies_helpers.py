@@ -35,6 +35,7 @@ FAST: dict[str, dict[str, Any]] = {
     # paper 000's policies (parameter-vector specs only)
     "hagpucb": {"candidates": 32, "sweeps": 1},
     "addgpucb": {"candidates": 32, "sweeps": 1},
+    "cmaes": {},
 }
 POLICIES = ("mcbo", "eifn", "gpucb")  # the acquisition policies that take any reward
 
