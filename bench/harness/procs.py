@@ -333,8 +333,11 @@ class Cluster:
             "--seed",
             str(options.seed),
         ]
-        if self.passwords:
-            argv += ["--username", DEVICE_ID, "--password", self.passwords[DEVICE_ID]]
+        if self.passwords:  # from a file, as a deployment would: never on the command line
+            password_file = self.workdir / "device.password"
+            password_file.write_text(self.passwords[DEVICE_ID] + "\n")
+            password_file.chmod(0o600)
+            argv += ["--username", DEVICE_ID, "--password-file", str(password_file)]
         self.device = Child("device", argv, self.workdir / "device.log", self._environ)
         if self.broker.running:
             self.device.log.wait_for("device.subscribed", timeout_s, child=self.device)
@@ -421,7 +424,7 @@ def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
     """Mosquitto's password file for the agent, the monitor and `devices` (each its own login,
     its device id), by the deployment's own script; returns user -> password."""
     devices = list(devices)
-    users = ("agent", "monitor", *devices)
+    users = ("agent", "monitor", "operator", *devices)
     passwords = {user: secrets.token_urlsafe(12) for user in users}
     extra = path.with_name(path.name + ".devices")
     extra.write_text("".join(f"{device} {passwords[device]}\n" for device in devices[1:]))
@@ -429,6 +432,7 @@ def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": passwords["agent"],
         "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_OPERATOR_PASSWORD": passwords["operator"],
         "MQTT_DEVICE_USER": devices[0],
         "MQTT_DEVICE_PASSWORD": passwords[devices[0]],
         "MQTT_DEVICES_FILE": str(extra),
