@@ -21,7 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+import agent.runtime as runtime
+from agent.config import InputSection
 from agent.runtime import AgentService
+from connectors.schemas import Reading, encode
 from connectors.store import Store
 from tests.brokers import MosquittoOptions, free_port, shipped_limits
 from tests.test_faults_input import config_for, device_for, rejected_counts, spec_for, topics
@@ -196,3 +199,72 @@ def test_memory_stays_bounded_under_a_sustained_flood(mosquitto_factory, tmp_pat
         f"then {', '.join(f'{mb:.1f}' for mb in after)} after each further burst"
     )
     assert max(after) - before < MEMORY_BOUND_MB, (before, after)
+
+
+@pytest.mark.integration
+async def test_a_sender_over_its_rate_is_cut_off_and_the_live_device_is_not(
+    mosquitto_factory, tmp_path: Path
+) -> None:
+    """A vandal sends 300 well-formed readings at once (of a round that does not exist: each
+    costs the driver a look-up; forging a live round is the device-identity tests' subject);
+    past its burst they are rejected as rate_limited and acknowledged, while the live device,
+    another sender, keeps every reading."""
+    broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
+    spec = spec_for("limited", rounds=4)
+    store_path = tmp_path / "agent.sqlite"
+    config = config_for(broker.url, store_path).model_copy(
+        update={"input": InputSection(sender_rate_per_s=5.0, sender_burst=20)}
+    )
+    service = AgentService(config, [spec])
+    vandalism = 300
+
+    async def vandal() -> None:
+        while (
+            "limited" not in service.experiments or 0 not in service.experiments["limited"].rounds
+        ):
+            await asyncio.sleep(0.01)
+        payloads = [
+            encode(
+                Reading(
+                    experiment="limited", round=10_000, node="X0", value=0.5, seq=seq,
+                    device_id="vandal", at=time.time(),
+                )
+            )
+            for seq in range(vandalism)
+        ]  # fmt: skip
+        await asyncio.to_thread(
+            flood, broker.port, topics.reading("limited"), payloads, threading.Event()
+        )
+
+    with capture_logs() as logs:
+        async with device_for(broker.url, "limited", delay_s=0.2):
+            await asyncio.wait_for(asyncio.gather(service.run(), vandal()), WAIT_S)
+    limited = rejected_counts(service, "limited").get("rate_limited", 0)
+    assert vandalism - 20 - 5 * 30 <= limited < vandalism, limited
+    published = {
+        (e["round"], e["node"], e["seq"]): e["value"]
+        for e in logs
+        if e["event"] == "device.reading_published"
+    }
+    with Store(store_path) as store:
+        stored = {
+            (r.round, r.node, r.seq): r.value
+            for r in store.readings("limited")
+            if r.device_id != "vandal"
+        }
+        assert [r.status for r in store.rounds("limited")] == ["closed"] * 4
+        letters = store.dead_letters("limited")
+    assert stored == published and len(published) == 4 * len(spec.nodes)
+    assert any(letter.reason == "rate_limited" for letter in letters)
+
+
+def test_the_flood_structures_are_bounded() -> None:
+    """What a flood could grow: rate buckets (one per sender it makes up) are capped, the
+    oldest forgotten; the dead-letter queues are bounded."""
+    bucket = runtime._TokenBucket(rate=1.0, burst=2.0, max_keys=100)
+    for sender in range(10_000):
+        bucket.take(("topic", f"made-up-{sender}"))
+    assert len(bucket) == 100
+    assert bucket.take(("topic", "made-up-9999")) and not bucket.take(("topic", "made-up-9999"))
+    assert runtime.SENDERS_TRACKED == 10_000 and runtime.DEAD_LETTERS_QUEUED == 100
+    assert runtime.INBOX_BYTES_LIMIT == 64 * 2**20
