@@ -4,7 +4,10 @@ Every action carries `expires_at`, the moment the agent gives up on it; devices 
 it from then on. Should one do so anyway (an "applied" ack or readings for an expired round),
 the cost is charged again — past the budget if need be — and counted as a device overspend:
 the agent never spends beyond the budget by itself, and what a device did is recorded, not
-hidden.
+hidden. The same holds for an action the actuator rejected (its reservation released) and then
+reports applied after all, or sends readings of: a rejection never silently un-spends.
+
+Only the experiment's actuator's acks reach this module (`agent.identity` refuses the others).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def on_ack(exp: Experiment, ack: Ack) -> Verdict:
         return Verdict("duplicate")
     if live.status is RoundStatus.EXPIRED and ack.status == "applied":
         return _applied_after_expiry(exp, live, ack)
+    if live.status is RoundStatus.REJECTED and ack.status == "applied":
+        return _applied_after_rejection(exp, live, ack)
     if not live.is_open:
         return Verdict("late")
     now = exp.clock()
@@ -95,8 +100,29 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     return Verdict("late")
 
 
+def _applied_after_rejection(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict:
+    """The actuator rejected the action (its reservation was released) and now says it applied
+    it: the action happened, so it is paid for and counted as an overspend; the round's
+    readings teach the model from now on (`agent.join`)."""
+    if live.acked_at is not None:
+        return Verdict("duplicate")
+    now = exp.clock()
+    applied = _applied(exp, live, ack)
+    with exp.store.transaction():
+        charged = exp.store.charge(exp.name, live.number, now)
+        if applied is not None:
+            exp.store.set_applied(exp.name, live.number, applied)
+    live.acked_at = now
+    if applied is not None:
+        exp.model.history[live.model_round].intervention = applied
+    if charged:
+        overspent(exp, live, "applied_after_rejection", ack.at)
+    return Verdict("late")
+
+
 def overspent(exp: Experiment, live: LiveRound, reason: str, applied_at: float | None) -> None:
-    """Log and count a cost charged after its round expired (an ack, or readings: `agent.join`)."""
+    """Log and count a cost charged after its round expired or its action was rejected (an
+    ack, or readings: `agent.join`)."""
     total = exp.spec.constraints.budget_total
     spent = exp.budget_spent()
     live.log.warning(

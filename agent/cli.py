@@ -87,6 +87,7 @@ RUN_FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
     "log_format": ("log", "format"),
     "keep_serving": ("keep_serving",),
     "connect_timeout": ("broker", "connect_timeout_s"),
+    "device_keys_file": ("device_keys_file",),
 }
 # `run`'s flags that change the specs rather than the service (README's "Trying policies").
 RUN_SPEC_FLAGS = ("policy", "rounds", "seed", "set")
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, flag, None) for flag, key in RUN_FLAG_SETTINGS.items()}
     try:
         config = load_config(args.config, overrides)
+        config.load_device_keys()  # read again by the service; a bad file is the user's
     except ConfigError as error:
         return _refuse("run", [f"configuration: {error}"])
     specs, problems = load_run_specs(args.specs, spec_overrides(args))
@@ -222,6 +224,13 @@ def _sim(args: argparse.Namespace) -> int:
         address = parse_broker_address(args.broker)
     except ConfigError as error:
         return _refuse("sim", [f"--broker {error}"])
+    key = os.environ.get("CBO_DEVICE_KEY") or None
+    if args.key_file:
+        try:
+            key = Path(args.key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or type(error).__name__
+            return _refuse("sim", [f"--key-file {args.key_file}: {reason}"])
     try:
         settings = DeviceSettings(
             experiment=args.experiment,
@@ -234,6 +243,7 @@ def _sim(args: argparse.Namespace) -> int:
             publish_oracle=not args.no_oracle,
             topic_prefix=args.prefix,
             max_in_flight=args.max_in_flight,
+            key=key,
         )
     except ValidationError as error:
         return _refuse("sim", plain_problems(error, DeviceSettings))
@@ -481,6 +491,12 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--agent-id", help="MQTT client id and status-topic name")
     run.add_argument(
+        "--device-keys-file",
+        metavar="FILE",
+        help="per-device HMAC-SHA256 keys, 'DEVICE_ID KEY' per line: a device with a key must "
+        "sign its messages (docs/protocol.md, Signatures)",
+    )
+    run.add_argument(
         "--keep-serving",
         action=argparse.BooleanOptionalAction,
         help="once every experiment has finished, stay up (metrics, health, broker session) "
@@ -560,6 +576,12 @@ def _add_sim(commands: argparse._SubParsersAction) -> None:
         help="instance of a randomly drawn environment (must match the spec)",
     )
     sim.add_argument("--no-oracle", action="store_true", help="publish no oracle values")
+    sim.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="sign every message with the HMAC-SHA256 key in FILE (or CBO_DEVICE_KEY); the "
+        "agent's device_keys must hold it for this device id",
+    )
     sim.add_argument("--max-in-flight", type=int, default=64, help="actions handled at once")
     sim.set_defaults(handler=_sim)
 

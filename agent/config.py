@@ -19,6 +19,8 @@ Environment variables (all optional):
 | CBO_LOG_LEVEL / CBO_LOG_FORMAT | log.level / log.format |
 | CBO_DEVICE | device (cpu, cuda, cuda:1, ...: where the GPs live) |
 | CBO_KEEP_SERVING | keep_serving (true/false: stay up once every experiment has finished) |
+| CBO_DEVICE_KEYS_FILE | device_keys_file (per-device HMAC keys, `DEVICE_ID KEY` per line) |
+| CBO_DEVICE_KEYS | device_keys (the same entries, `;`-separated, for a secret in the environment) |
 
 README.md's configuration table lists every setting, variable and flag (tests/test_readme.py
 checks that it stays complete).
@@ -48,6 +50,7 @@ from pydantic import (
 )
 
 from connectors.mqtt import BrokerConfig
+from connectors.signing import DeviceKeys, KeyFileError
 from connectors.store.errors import StoreError
 from connectors.store.location import SqliteLocation, parse_store_location
 from core.plain_errors import plain_problems
@@ -310,6 +313,34 @@ class AgentConfig(_Section):
     # (metrics, health and the broker session served, feedback still stored) ends that loop;
     # off by default so that `cbo-agent run` in a script or benchmark returns when done.
     keep_serving: bool = False
+    # Per-device HMAC keys (connectors/signing.py, docs/protocol.md): a device with a key must
+    # sign its messages. For brokers that cannot restrict each device to its own topics.
+    device_keys_file: str | None = None
+    device_keys: SecretStr | None = None
+
+    def load_device_keys(self) -> DeviceKeys:
+        """The device keys of `device_keys_file` and `device_keys` (empty: none configured).
+
+        Raises:
+            ConfigError: an unreadable file or a bad entry, in one line that shows no key.
+        """
+        sources = []
+        try:
+            if self.device_keys_file is not None:
+                try:
+                    text = Path(self.device_keys_file).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as error:
+                    reason = getattr(error, "strerror", None) or type(error).__name__
+                    raise ConfigError(
+                        f"device_keys_file {self.device_keys_file}: {reason}"
+                    ) from None
+                sources.append(DeviceKeys.parse(text, f"device_keys_file {self.device_keys_file}"))
+            if self.device_keys is not None:
+                secret = self.device_keys.get_secret_value()
+                sources.append(DeviceKeys.parse(secret, "device_keys (CBO_DEVICE_KEYS)"))
+            return DeviceKeys().merged(sources)
+        except KeyFileError as error:
+            raise ConfigError(str(error)) from None
 
     def client_id(self, experiments: Sequence[str]) -> str:
         """The MQTT client id, which names the broker's persistent session.
@@ -371,6 +402,8 @@ _ENVIRONMENT = {
     "CBO_LOG_FORMAT": ("log", "format"),
     "CBO_DEVICE": ("device",),
     "CBO_KEEP_SERVING": ("keep_serving",),
+    "CBO_DEVICE_KEYS_FILE": ("device_keys_file",),
+    "CBO_DEVICE_KEYS": ("device_keys",),
 }
 
 

@@ -340,7 +340,7 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
             address.broker_config(protocol=protocol),
             DeviceSettings(
                 experiment=spec.name,
-                device_id="demo-device",
+                device_id=spec.actuator_id,  # the device the spec binds (sim-{name})
                 delay_s=0.02,
                 jitter_s=0.02,
                 seed=options.seed,

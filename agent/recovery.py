@@ -68,6 +68,11 @@ def recover(exp: Experiment) -> None:
     readings = _replay_readings(exp)
     snapshot = _load_snapshot(exp)
     for oracle in exp.store.oracles(exp.name):
+        # stored by an agent that did not check them yet: the same checks as a live message
+        problem = join.oracle_problem(exp, oracle.expected_reward, oracle.optimum)
+        if problem:
+            exp.log.warning("oracle.skipped", round=oracle.round, reason=problem)
+            continue
         exp.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum)
     if exp.spec.schedule.pipeline > 1:  # rounds still in flight are pending again
         for live in exp.open_rounds:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
 from agent.rounds import EventSink, Verdict
@@ -35,6 +36,7 @@ from connectors.mqtt import (
     run_with_reconnect,
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
+from connectors.signing import SignatureError, sign, unwrap
 from connectors.store import Store
 from connectors.topics import ParsedTopic, TopicError, Topics
 from core.spec import ExperimentSpec
@@ -99,6 +101,7 @@ class _Incoming:
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
     at: float = 0.0  # when it was queued
+    sender: str = ""  # the device level of the topic: who sent it (the broker's ACL says so)
     decoded: Reading | Ack | Oracle | None = None  # checked by the router
 
 
@@ -186,6 +189,7 @@ class AgentService:
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
         self.link = Link()
+        self.device_keys = config.load_device_keys()  # never logged: only the ids show
         self._subscribed = asyncio.Event()  # this life has had a broker session
         # (experiment, kind, outcome) -> messages handled: a cheap count for tests and benchmarks
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -312,8 +316,8 @@ class AgentService:
     async def _session(self, connection: MqttConnection) -> None:
         """One connection's life: subscribe, tell drivers, route messages until it drops."""
         for name in self.experiments:
-            for kind in _KIND_SCHEMAS:
-                await connection.subscribe(self.topics.experiment_topic(name, kind))
+            for kind in _KIND_SCHEMAS:  # every device: an unbound one is refused and counted
+                await connection.subscribe(self.topics.device_filter(kind, name))
         self.link.attach(connection)
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
@@ -336,7 +340,7 @@ class AgentService:
             connection.ack(message)
             return
         inbox = self._inboxes.get(parsed.experiment)
-        if inbox is None or parsed.kind not in _KIND_SCHEMAS:
+        if inbox is None or parsed.kind not in _KIND_SCHEMAS or parsed.device is None:
             detail = f"no experiment {parsed.experiment!r} takes {parsed.kind} messages"
             self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
             connection.ack(message)
@@ -344,13 +348,15 @@ class AgentService:
         # Checked here, at once: what is rejected is acknowledged now, so a flood of invalid
         # input never holds the broker's in-flight window (nor its queue) for the agent; only
         # valid input waits in the inbox, unacknowledged until it is stored.
-        decoded = self._decode(parsed.experiment, parsed.kind, message)
+        exp = self.experiments[parsed.experiment]
+        decoded = self._decode(exp, parsed.kind, message, parsed.device)
         if decoded is None or not self._within_rate(parsed, decoded, message):
             connection.ack(message)
             return
         size = len(message.payload)
+        item = _Incoming(parsed.kind, message, connection, sender=parsed.device, decoded=decoded)
         if self._inbox_bytes[parsed.experiment] + size > INBOX_BYTES_LIMIT or not self._offer(
-            inbox, _Incoming(parsed.kind, message, connection, decoded=decoded)
+            inbox, item
         ):
             # not acknowledged: with a persistent session the broker delivers it again later
             detail = (
@@ -437,7 +443,12 @@ class AgentService:
             await self._handle(exp, batch)
 
     async def _publish_action(self, exp: Experiment, action: Action) -> None:
-        await self.link.publish(self.topics.action(exp.name), encode(action))
+        actuator = exp.spec.actuator_id
+        payload = encode(action)
+        key = self.device_keys.key(actuator)
+        if key is not None:  # a keyed actuator takes only actions signed with its key
+            payload = sign(payload, actuator, key)
+        await self.link.publish(self.topics.action(exp.name, actuator), payload)
 
     @staticmethod
     async def _next_batch(
@@ -504,22 +515,35 @@ class AgentService:
                 item.connection.ack(item.message)
 
     def _decode(
-        self, experiment: str, kind: str, message: IncomingMessage
+        self, exp: Experiment, kind: str, message: IncomingMessage, sender: str
     ) -> Reading | Ack | Oracle | None:
-        """The message, decoded and checked against its topic; None (rejected) otherwise."""
+        """The message, its signature checked, decoded, and checked against its topic and its
+        sender's rights; None (rejected) otherwise."""
         try:
-            decoded = decode(message.payload, _KIND_SCHEMAS[kind])
-        except DecodeError as error:
-            self._reject(experiment, kind, message, error.reason, error.detail)
+            payload = unwrap(message.payload, sender, self.device_keys)
+        except SignatureError as error:
+            self.metrics.untrusted(exp.name, kind, error.reason)  # type: ignore[arg-type]
+            self._reject(exp.name, kind, message, error.reason, error.detail)
             return None
-        if decoded.experiment != experiment:
+        try:
+            decoded = decode(payload, _KIND_SCHEMAS[kind])
+        except DecodeError as error:
+            self._reject(exp.name, kind, message, error.reason, error.detail)
+            return None
+        if decoded.experiment != exp.name:
             self._reject(
-                experiment,
+                exp.name,
                 kind,
                 message,
                 "experiment_mismatch",
-                f"payload names {decoded.experiment!r} on {experiment}'s topic",
+                f"payload names {decoded.experiment!r} on {exp.name}'s topic",
             )
+            return None
+        refused = identity.refusal(exp.spec, sender, decoded)
+        if refused is not None:
+            reason, detail = refused
+            self.metrics.untrusted(exp.name, kind, reason)
+            self._reject(exp.name, kind, message, reason, detail)
             return None
         return decoded
 

@@ -83,6 +83,9 @@ def _chaos(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         seed=args.seed,
         policy=args.policy,
+        forge=not args.no_forger,
+        flood=args.flood,
+        flood_rate=args.flood_rate,
     )
     result = chaos.run(options, args.json, args.workdir)
     return 0 if result.ok else 1
@@ -193,6 +196,18 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
     chaos.add_argument("--rounds", type=positive_int, default=40, help="max_rounds R (40)")
     chaos.add_argument("--seed", type=int, default=0, help="when and how to disrupt (0)")
     chaos.add_argument("--policy", default="random", help="the agent's policy (random)")
+    chaos.add_argument(
+        "--no-forger", action="store_true", help="no forging device beside the real one"
+    )
+    chaos.add_argument(
+        "--flood",
+        type=int,
+        default=20_000,
+        help="invalid messages a flooding device publishes beside the real one (20000; 0: none)",
+    )
+    chaos.add_argument(
+        "--flood-rate", type=float, default=200.0, help="the flood's messages per second (200)"
+    )
     chaos.add_argument("--json", type=Path, help="write the results as JSON here")
     chaos.add_argument(
         "--workdir", type=Path, help="keep the spec, store, logs and broker data here"

@@ -112,7 +112,7 @@ def _prepare_rounds(
                     experiment=spec.name,
                     round=live.number,
                     action_id=live.action.action_id,
-                    device_id="bench",
+                    device_id=spec.actuator_id,
                     status="applied",
                     reason=None,
                     applied=live.intervention,
@@ -127,7 +127,7 @@ def _prepare_rounds(
                     node=node,
                     value=value,
                     seq=seq,
-                    device_id=f"sensor-{node}",
+                    device_id=spec.actuator_id,  # the spec's one device: its topic below
                     at=time.time(),
                 )
                 for node, value in values.items()
@@ -189,7 +189,7 @@ async def _agent_rate(
     )
     # A first, short life creates the agent's persistent session and subscriptions.
     await _run_until(AgentService(config, [spec]), lambda service: service.link.connected)
-    await asyncio.to_thread(_fill, port, payloads, TOPICS.reading(spec.name))
+    await asyncio.to_thread(_fill, port, payloads, TOPICS.reading(spec.name, spec.actuator_id))
     service = AgentService(config, [spec])
     marks: dict[str, float] = {}
 
@@ -230,7 +230,7 @@ async def measure_throughput(
     store_path = workdir / "ingest.sqlite"
     readings = await asyncio.to_thread(_prepare_rounds, env, spec, store_path, seed)
     payloads = [encode(reading) for reading in readings]
-    bare = await _bare_rate(broker.port, payloads, TOPICS.reading(spec.name))
+    bare = await _bare_rate(broker.port, payloads, TOPICS.reading(spec.name, spec.actuator_id))
     agent = await _agent_rate(broker.port, spec, store_path, payloads)
     return IngestResult(len(payloads), rounds, len(spec.nodes), bare, agent)
 

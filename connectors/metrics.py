@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from connectors.http_server import BoundedHttpServer, Limits, Reply
-from connectors.topics import EXPERIMENT_TOPIC_KINDS
+from connectors.topics import DEVICE_TOPIC_KINDS
 
 log = structlog.get_logger(__name__)
 
@@ -34,10 +34,28 @@ MessageOutcome = Literal["accepted", "duplicate", "late", "rejected"]
 MESSAGE_OUTCOMES: Final[tuple[MessageOutcome, ...]] = get_args(MessageOutcome)
 # Message kinds as labels: the topic kinds, the agent status, and "unknown" for input whose kind
 # could not be told (a foreign topic, say). A closed set keeps label cardinality bounded.
-MESSAGE_KINDS: Final = frozenset(EXPERIMENT_TOPIC_KINDS) | {"status", "unknown"}
+MESSAGE_KINDS: Final = frozenset(DEVICE_TOPIC_KINDS) | {"status", "unknown"}
 # How the agent learned that a device applied an action after its expiry (a closed set).
-DeviceOverspendReason = Literal["applied_after_expiry", "ack_after_expiry", "readings_after_expiry"]
+DeviceOverspendReason = Literal[
+    "applied_after_expiry",
+    "ack_after_expiry",
+    "readings_after_expiry",
+    "applied_after_rejection",
+    "readings_after_rejection",
+]
 DEVICE_OVERSPEND_REASONS: Final[tuple[DeviceOverspendReason, ...]] = get_args(DeviceOverspendReason)
+
+# Why a message was refused as not coming from whom it should (a closed set: docs/protocol.md).
+UntrustedReason = Literal[
+    "device_mismatch",
+    "unknown_device",
+    "not_actuator",
+    "node_not_bound",
+    "not_oracle",
+    "unsigned",
+    "bad_signature",
+]
+UNTRUSTED_REASONS: Final[tuple[UntrustedReason, ...]] = get_args(UntrustedReason)
 
 # Bucket edges, roughly 1-2.5-5 (or 1-3) per decade over the range each duration lives in.
 GP_UPDATE_BUCKETS: Final[tuple[float, ...]] = (
@@ -128,9 +146,18 @@ class AgentMetrics:
         self._device_overspend = Counter(
             "cbo_device_overspend",
             "Actions a device applied after the agent had given up on them (their round "
-            "expired): charged to the ledger anyway, even past the budget; reason: how it "
-            "was learned.",
+            "expired) or after it had said it would not (it rejected them): charged to the "
+            "ledger anyway, even past the budget; reason: how it was learned.",
             ("experiment", "reason"),
+            registry=self.registry,
+        )
+        self._untrusted = Counter(
+            "cbo_untrusted_messages",
+            "Messages refused because their sender may not say them: another device's id, a "
+            "device the spec does not bind, an ack not from the actuator, a reading of a node "
+            "the device is not bound to, an oracle from a non-simulator, a missing or wrong "
+            'signature. Also counted in cbo_messages_total{outcome="rejected"}.',
+            ("experiment", "kind", "reason"),
             registry=self.registry,
         )
 
@@ -186,6 +213,14 @@ class AgentMetrics:
         """Count an action charged after its round expired (a device applied it anyway)."""
         self._device_overspend.labels(experiment, reason).inc()
 
+    def untrusted(self, experiment: str, kind: str, reason: UntrustedReason) -> None:
+        """Count a message refused for its sender (see UNTRUSTED_REASONS)."""
+        if kind not in MESSAGE_KINDS:
+            raise ValueError(f"unknown message kind {kind!r}; expected one of {MESSAGE_KINDS}")
+        if reason not in UNTRUSTED_REASONS:
+            raise ValueError(f"unknown reason {reason!r}; expected one of {UNTRUSTED_REASONS}")
+        self._untrusted.labels(experiment, kind, reason).inc()
+
     def register_experiment(self, experiment: str) -> None:
         """Export an experiment's state and its zero counts of what should never happen.
 
@@ -195,6 +230,9 @@ class AgentMetrics:
         self.set_finished(experiment, False)
         for reason in DEVICE_OVERSPEND_REASONS:
             self._device_overspend.labels(experiment, reason)
+        for kind in ("ack", "reading", "oracle"):
+            for untrusted in UNTRUSTED_REASONS:
+                self._untrusted.labels(experiment, kind, untrusted)
 
     def set_finished(self, experiment: str, finished: bool) -> None:
         """Whether the experiment has finished (no more rounds will be proposed)."""

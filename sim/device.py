@@ -1,9 +1,15 @@
 """Any environment as an MQTT device: the actuators and sensors of one experiment.
 
-The device subscribes to ``{prefix}/{experiment}/action`` (QoS 1) and, for every action:
+The device speaks as itself: it subscribes to ``{prefix}/{experiment}/{device_id}/action``
+(QoS 1), publishes under ``{prefix}/{experiment}/{device_id}/...`` only (so a broker that grants
+each login its own topics, `deploy/mosquitto/acl`, lets it in with its id as user name), and
+for every action:
 
+- with a key (`DeviceSettings.key`), an action that is not signed with it goes to the dead-letter
+  topic ("unsigned", "bad_signature") and is not applied;
 - a payload that does not decode (or names another experiment) goes to
-  ``{prefix}/{experiment}/deadletter`` with the reason code, and the device carries on;
+  ``{prefix}/{experiment}/{device_id}/deadletter`` with the reason code, and the device
+  carries on;
 - an ``action_id`` it has applied before is acknowledged again with the very same ack and not
   applied again (no new readings), so a re-published action is harmless;
 - an action past its ``expires_at`` (the agent has given up on it and released its budget) is
@@ -40,7 +46,7 @@ import time
 from typing import Any, Final, Self
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from connectors.mqtt import (
     Backoff,
@@ -50,6 +56,7 @@ from connectors.mqtt import (
     run_with_reconnect,
 )
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, MessageModel, decode, encode
+from connectors.signing import MIN_KEY_BYTES, DeviceKeys, SignatureError, sign, unwrap
 from connectors.topics import DEFAULT_PREFIX, Topics, validate_experiment_id, validate_identifier
 from sim._device_plan import Actuator, Noise, Plan, Rejected
 from sim.base import Environment
@@ -79,6 +86,9 @@ class DeviceSettings(BaseModel):
         max_in_flight: applied actions whose readings are still pending; beyond: "busy".
         seq_start: first seq of every node; None: the start time in microseconds.
         remember_actions: how many applied action ids are kept for exactly-once effects.
+        key: the device's HMAC-SHA256 key: every message it publishes is signed
+            (`connectors.signing`), and it takes only actions signed with the key (others
+            are dead-lettered as "unsigned" or "bad_signature"); None: unsigned.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -95,6 +105,14 @@ class DeviceSettings(BaseModel):
     max_in_flight: int = Field(default=64, ge=1)
     seq_start: int | None = Field(default=None, ge=0, le=2**62)
     remember_actions: int = Field(default=100_000, ge=1)
+    key: SecretStr | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
+            raise ValueError(f"the key is shorter than {MIN_KEY_BYTES} bytes")
+        return value
 
     @field_validator("experiment")
     @classmethod
@@ -173,8 +191,9 @@ class SimulatorDevice:
         self._backoff = backoff
         topics = Topics(settings.topic_prefix)
         experiment = settings.experiment
+        # the device's own topics: a broker ACL (deploy/mosquitto/acl) grants its login these
         self._topics = {
-            kind: topics.experiment_topic(experiment, kind)
+            kind: topics.device_topic(experiment, settings.device_id, kind)
             for kind in ("action", "ack", "reading", "oracle", "deadletter")
         }
         self._link = _Link()
@@ -229,6 +248,14 @@ class SimulatorDevice:
 
     # ------------------------------------------------------------------------------ actions
     def _on_message(self, topic: str, payload: bytes) -> None:
+        key = self.settings.key
+        if key is not None:  # with a key, only actions the agent signed with it
+            keys = DeviceKeys({self.settings.device_id: key.get_secret_value().encode()})
+            try:
+                payload = unwrap(payload, self.settings.device_id, keys)
+            except SignatureError as error:
+                self._dead_letter(topic, payload, error.reason, error.detail)
+                return
         try:
             action = decode(payload, Action)
         except DecodeError as error:
@@ -331,6 +358,9 @@ class SimulatorDevice:
     ) -> None:
         """Publish at QoS 1; after a broken link, again on the next connection."""
         topic, payload = self._topics[kind], encode(message)
+        key = self.settings.key
+        if key is not None:
+            payload = sign(payload, self.settings.device_id, key.get_secret_value().encode())
         failed: MqttConnection | None = None
         while True:
             try:

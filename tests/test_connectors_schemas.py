@@ -29,7 +29,9 @@ from connectors.schemas import (
     decode,
     encode,
 )
+from connectors.signing import DeviceKeys, unwrap
 from connectors.topics import (
+    DEVICE_TOPIC_KINDS,
     EXPERIMENT_TOPIC_KINDS,
     ForeignTopicError,
     InvalidIdentifierError,
@@ -442,18 +444,32 @@ def test_non_finite_values_cannot_be_built_either() -> None:
 # topics
 
 prefixes = st.lists(identifiers, min_size=1, max_size=3).map("/".join)
-kinds = st.sampled_from(EXPERIMENT_TOPIC_KINDS)
+kinds = st.sampled_from(DEVICE_TOPIC_KINDS)
 
 
-@given(prefixes, experiment_ids, kinds)
-def test_experiment_topics_parse_back(prefix: str, experiment: str, kind: str) -> None:
+@given(prefixes, experiment_ids, identifiers, kinds)
+def test_device_topics_parse_back(prefix: str, experiment: str, device: str, kind: str) -> None:
     topics = Topics(prefix)
-    topic = topics.experiment_topic(experiment, kind)  # type: ignore[arg-type]
-    assert topic == f"{prefix}/{experiment}/{kind}"
-    assert topics.parse(topic) == ParsedTopic(experiment, kind)  # type: ignore[arg-type]
-    assert getattr(topics, kind)(experiment) == topic
-    assert topic_matches_sub(topics.experiment_filter(kind), topic)  # type: ignore[arg-type]
-    assert topic_matches_sub(topics.experiment_filter(kind, experiment), topic)  # type: ignore[arg-type]
+    topic = topics.device_topic(experiment, device, kind)  # type: ignore[arg-type]
+    assert topic == f"{prefix}/{experiment}/{device}/{kind}"
+    assert topics.parse(topic) == ParsedTopic(experiment, kind, device)  # type: ignore[arg-type]
+    if kind != "deadletter":
+        assert getattr(topics, kind)(experiment, device) == topic
+    assert topic_matches_sub(topics.device_filter(kind), topic)  # type: ignore[arg-type]
+    assert topic_matches_sub(topics.device_filter(kind, experiment), topic)  # type: ignore[arg-type]
+    assert topic_matches_sub(topics.device_filter(kind, experiment, device), topic)  # type: ignore[arg-type]
+    assert not topic_matches_sub(topics.device_filter(kind, experiment, device + "x"), topic)  # type: ignore[arg-type]
+
+
+@given(prefixes, experiment_ids)
+def test_the_agents_dead_letter_topic_parses_back(prefix: str, experiment: str) -> None:
+    topics = Topics(prefix)
+    topic = topics.deadletter(experiment)
+    assert topic == f"{prefix}/{experiment}/deadletter"
+    assert topics.parse(topic) == ParsedTopic(experiment, "deadletter")
+    for kind in set(DEVICE_TOPIC_KINDS) - set(EXPERIMENT_TOPIC_KINDS):
+        with pytest.raises(ForeignTopicError):  # the old layout, without a device level
+            topics.parse(f"{prefix}/{experiment}/{kind}")
 
 
 @given(prefixes, identifiers)
@@ -473,19 +489,29 @@ def test_any_topic_either_parses_to_itself_or_is_foreign(topic: str) -> None:
         parsed = topics.parse(topic)
     except ForeignTopicError:
         return
-    assert topics.experiment_topic(parsed.experiment, parsed.kind) == topic
+    if parsed.device is None:
+        assert topics.experiment_topic(parsed.experiment, parsed.kind) == topic  # type: ignore[arg-type]
+    else:
+        assert topics.device_topic(parsed.experiment, parsed.device, parsed.kind) == topic
 
 
 @given(experiment_ids, kinds, st.sampled_from(["other", "cbo/x", "cb", "cbox"]))
 def test_topics_under_another_prefix_are_foreign(experiment: str, kind: str, prefix: str) -> None:
     with pytest.raises(ForeignTopicError):
-        Topics().parse(f"{prefix}/{experiment}/{kind}")
+        Topics().parse(f"{prefix}/{experiment}/dev/{kind}")
 
 
 @pytest.mark.parametrize(
     "topic",
     [
         "cbo/exp/reading/extra",
+        "cbo/exp/dev/reading/extra",
+        "cbo/exp/reading",
+        "cbo/exp/+/reading",
+        "cbo/+/dev/ack",
+        "cbo/exp/d+v/ack",
+        "cbo/agents/dev/reading",
+        "cbo/exp/dev/status",
         "cbo/exp",
         "cbo/exp/unknown",
         "cbo//reading",
@@ -513,7 +539,9 @@ bad_ids = st.one_of(
 @given(bad_ids, kinds)
 def test_bad_experiment_ids_are_refused_when_building(experiment: str, kind: str) -> None:
     with pytest.raises(InvalidIdentifierError):
-        Topics().experiment_topic(experiment, kind)  # type: ignore[arg-type]
+        Topics().device_topic(experiment, "dev", kind)  # type: ignore[arg-type]
+    with pytest.raises(InvalidIdentifierError):
+        Topics().deadletter(experiment)
     with pytest.raises(InvalidIdentifierError):
         validate_experiment_id(experiment)
 
@@ -538,7 +566,12 @@ PROTOCOL_DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 def test_every_json_example_in_the_protocol_document_decodes() -> None:
     examples = re.findall(r"```json\n(.*?)```", PROTOCOL_DOC.read_text(), flags=re.DOTALL)
-    decoded = [decode(example.encode()) for example in examples]
+    keys = DeviceKeys.parse("sensor-7 example-key-0123456789abcdef", "the example key")
+    signed = [e.encode() for e in examples if '"cbo.signed"' in e]
+    assert len(signed) == 1  # the signature example, verified under the documented key
+    opened = unwrap(signed[0], "sensor-7", keys)
+    assert opened != signed[0] and decode(opened).SCHEMA == "cbo.reading"
+    decoded = [decode(example.encode()) for example in examples if '"cbo.signed"' not in example]
     assert {message.SCHEMA for message in decoded} == set(MESSAGE_TYPES)
 
 

@@ -26,6 +26,7 @@ from agent.config import InputSection
 from agent.runtime import AgentService
 from connectors.schemas import Reading, encode
 from connectors.store import Store
+from core.spec import DeviceSpec
 from tests.brokers import MosquittoOptions, free_port, shipped_limits
 from tests.test_faults_input import config_for, device_for, rejected_counts, spec_for, topics
 
@@ -65,7 +66,8 @@ async def test_20000_invalid_messages_beside_a_live_device_lose_none_of_its_read
     mosquitto_factory, tmp_path: Path
 ) -> None:
     broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
-    spec = spec_for("flooded", rounds=12)
+    # the device shares this process's event loop with the agent and its flood: generous timers
+    spec = spec_for("flooded", rounds=12, ack_timeout_s=15.0, round_timeout_s=20.0)
     store_path = tmp_path / "agent.sqlite"
     service = AgentService(config_for(broker.url, store_path), [spec])
     garbage = [
@@ -82,7 +84,7 @@ async def test_20000_invalid_messages_beside_a_live_device_lose_none_of_its_read
         marks["rss_before"] = rss_mb()
         marks["start"] = time.monotonic()
         thread = threading.Thread(
-            target=flood, args=(broker.port, topics.reading("flooded"), garbage, flooded)
+            target=flood, args=(broker.port, topics.reading("flooded", "flooder"), garbage, flooded)
         )
         thread.start()
         await asyncio.to_thread(thread.join)
@@ -174,7 +176,7 @@ def test_memory_stays_bounded_under_a_sustained_flood(mosquitto_factory, tmp_pat
 
         def flood_and_wait(count: int, offset: int) -> None:
             payloads = [b"not json " + str(offset + i).encode() for i in range(count)]
-            flood(broker.port, topics.reading("toygraph"), payloads, threading.Event())
+            flood(broker.port, topics.reading("toygraph", "flooder"), payloads, threading.Event())
             deadline = time.monotonic() + WAIT_S
             while rejected_malformed(url) < offset + count:
                 assert time.monotonic() < deadline, rejected_malformed(url)
@@ -211,6 +213,14 @@ async def test_a_sender_over_its_rate_is_cut_off_and_the_live_device_is_not(
     another sender, keeps every reading."""
     broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
     spec = spec_for("limited", rounds=4)
+    spec = spec.model_copy(  # the live device, and a vandal with a login of its own bound to X0
+        update={
+            "devices": [
+                *spec.served_by,
+                DeviceSpec(id="vandal", nodes=["X0"]),
+            ]
+        }
+    )
     store_path = tmp_path / "agent.sqlite"
     config = config_for(broker.url, store_path).model_copy(
         update={"input": InputSection(sender_rate_per_s=5.0, sender_burst=20)}
@@ -233,7 +243,7 @@ async def test_a_sender_over_its_rate_is_cut_off_and_the_live_device_is_not(
             for seq in range(vandalism)
         ]  # fmt: skip
         await asyncio.to_thread(
-            flood, broker.port, topics.reading("limited"), payloads, threading.Event()
+            flood, broker.port, topics.reading("limited", "vandal"), payloads, threading.Event()
         )
 
     with capture_logs() as logs:

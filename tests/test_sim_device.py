@@ -44,6 +44,7 @@ from tests.brokers import MosquittoBroker, MosquittoOptions
 WAIT_S = 10.0  # bound of every wait; the happy path takes milliseconds
 FAST_BACKOFF = Backoff(base_s=0.05, cap_s=0.2, stable_after_s=1.0)
 EXPERIMENT = "exp1"
+DEVICE = "sim-exp1"  # the default device id of experiment exp1
 topics = Topics()
 
 
@@ -103,7 +104,7 @@ class Observer:
         async with asyncio.timeout(WAIT_S):
             await self.ready.wait()
         assert self._connection is not None
-        topic = topics.action(EXPERIMENT)
+        topic = topics.action(EXPERIMENT, DEVICE)
         if isinstance(message, bytes):
             await self._connection.publish(topic, message)
         else:
@@ -321,7 +322,7 @@ async def test_bad_payloads_go_to_the_dead_letter_topic_and_the_device_carries_o
     letters = observer.of("deadletter")
     assert [letter.reason for letter in letters] == list(bad)
     assert all(isinstance(letter, DeadLetter) for letter in letters)
-    assert {letter.topic for letter in letters} == {topics.action(EXPERIMENT)}
+    assert {letter.topic for letter in letters} == {topics.action(EXPERIMENT, DEVICE)}
     assert letters[0].payload == "{not json"
     assert [ack.status for ack in observer.of("ack")] == ["applied"]
 
@@ -474,7 +475,7 @@ async def test_a_publish_on_a_broken_link_is_retried_on_the_next_connection() ->
     device._link.set(fresh)  # type: ignore[arg-type]
     async with asyncio.timeout(WAIT_S):
         await publishing
-    assert fresh.published == [(topics.ack(EXPERIMENT), encode(ack))]
+    assert fresh.published == [(topics.ack(EXPERIMENT, DEVICE), encode(ack))]
 
 
 # ---------------------------------------------------------------------------------------------
