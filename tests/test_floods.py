@@ -278,3 +278,52 @@ def test_the_flood_structures_are_bounded() -> None:
     assert bucket.take(("topic", "made-up-9999")) and not bucket.take(("topic", "made-up-9999"))
     assert runtime.SENDERS_TRACKED == 10_000 and runtime.DEAD_LETTERS_QUEUED == 100
     assert runtime.INBOX_BYTES_LIMIT == 64 * 2**20
+
+
+@pytest.mark.integration
+async def test_measured_at_travels_from_the_device_to_the_export(
+    mosquitto_factory, tmp_path: Path, capsys
+) -> None:
+    """Device -> broker -> store -> export: every exported reading's `measured_at` is the `at`
+    its device put in the message (seen by a listener on the broker), `received_at` the
+    agent's clock."""
+    import csv
+
+    from agent.cli import main
+    from connectors.mqtt import BrokerConfig, MqttConnection
+    from connectors.schemas import decode
+
+    broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
+    spec = spec_for("measured", rounds=3)
+    store_path = tmp_path / "agent.sqlite"
+    service = AgentService(config_for(broker.url, store_path), [spec])
+    seen: dict[tuple[int, str, int], float] = {}
+    listening = asyncio.Event()
+
+    async def listen() -> None:
+        async with MqttConnection(BrokerConfig.from_url(broker.url)) as mqtt:
+            await mqtt.subscribe("cbo/measured/+/reading")
+            listening.set()
+            async for message in mqtt.messages():
+                reading = decode(message.payload, Reading)
+                seen[(reading.round, reading.node, reading.seq)] = reading.at
+
+    listener = asyncio.create_task(listen())
+    await asyncio.wait_for(listening.wait(), WAIT_S)
+    try:
+        async with device_for(broker.url, "measured", delay_s=0.1):
+            await asyncio.wait_for(service.run(), WAIT_S)
+        await asyncio.sleep(0.5)  # the listener's copies
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+    capsys.readouterr()
+    out = tmp_path / "export"
+    assert main(["export", "measured", "--store", str(store_path), "--out", str(out)]) == 0
+    with open(out / "measured_readings.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * len(spec.nodes)
+    exported = {(int(r["round"]), r["node"], int(r["seq"])): float(r["measured_at"]) for r in rows}
+    assert exported == {key: seen[key] for key in exported}
+    assert all(float(r["received_at"]) >= float(r["measured_at"]) - 1.0 for r in rows)
