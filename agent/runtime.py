@@ -3,7 +3,11 @@
 One task per experiment (its *driver*) owns that experiment: it proposes (the policy runs in a
 worker thread), publishes actions, and drains the experiment's inbox in batches — so a round's
 readings update every node in one batched GP call, and nothing touches an experiment's model
-while its policy is thinking. The MQTT session only routes incoming messages to inboxes; it is
+while its policy is thinking. Hyperparameter refits and the rebuilds after them run in another
+worker thread on a copy of the data and are swapped in by the driver between batches
+(`agent.refits`): the event loop only decodes, checks, stores, appends rows and publishes.
+
+The MQTT session only routes incoming messages to inboxes; it is
 re-created after every reconnect (`connectors.mqtt.run_with_reconnect`), and drivers publish
 through a `Link` that waits for the current connection.
 
@@ -18,7 +22,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -26,6 +30,7 @@ import structlog
 from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
+from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
@@ -100,8 +105,7 @@ class _Incoming:
     kind: str
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
-    at: float = 0.0  # when it was queued
-    sender: str = ""  # the device level of the topic: who sent it (the broker's ACL says so)
+    at: float = 0.0  # when it was queued: wall time; monotonic for "reconnected"
     decoded: Reading | Ack | Oracle | None = None  # checked by the router
 
 
@@ -169,6 +173,10 @@ class AgentService:
         specs: the experiments.
         on_event: receives every `RoundEvent` (the demo's live view).
         store: an open store to use instead of opening `config.store.path`.
+        on_learned: receives (experiment, [(reading, time.time() when routed)], time.time()
+            now) once a batch's readings are stored and learned (benchmarks measure latency).
+        background_refits: refits run beside the event loop (`agent.refits`); False runs them
+            inside the batch that makes them due, as before (benchmarks compare the two).
     """
 
     def __init__(
@@ -178,6 +186,8 @@ class AgentService:
         *,
         on_event: EventSink | None = None,
         store: Store | None = None,
+        on_learned: Callable[[str, list[tuple[Reading, float]], float], None] | None = None,
+        background_refits: bool = True,
     ) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
@@ -185,6 +195,8 @@ class AgentService:
         self.config = config
         self.specs = list(specs)
         self.on_event = on_event
+        self.on_learned = on_learned
+        self.background_refits = background_refits
         self.topics = Topics(config.topic_prefix)
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
@@ -195,6 +207,7 @@ class AgentService:
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
+        self.refits: dict[str, BackgroundRefits] = {}
         self._inbox_bytes: collections.Counter[str] = collections.Counter()
         self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
             maxsize=DEAD_LETTERS_QUEUED
@@ -246,8 +259,16 @@ class AgentService:
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
+                background_refits=self.background_refits,
             )
-            self._inboxes[spec.name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            self._inboxes[spec.name] = inbox
+            if self.background_refits:
+                wake = _Incoming("refitted", None)
+                self.refits[spec.name] = BackgroundRefits(
+                    self.experiments[spec.name],
+                    lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)
 
@@ -315,14 +336,12 @@ class AgentService:
     # ------------------------------------------------------------------ MQTT session
     async def _session(self, connection: MqttConnection) -> None:
         """One connection's life: subscribe, tell drivers, route messages until it drops."""
-        for name in self.experiments:
-            for kind in _KIND_SCHEMAS:  # every device: an unbound one is refused and counted
-                await connection.subscribe(self.topics.device_filter(kind, name))
+        await self._subscribe_all(connection)
         self.link.attach(connection)
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
         for inbox in self._inboxes.values():
-            self._offer(inbox, _Incoming("reconnected", None, at=time.time()))
+            self._offer(inbox, _Incoming("reconnected", None, at=time.monotonic()))
         log.info("agent.subscribed", experiments=list(self.experiments))
         try:
             async for message in connection.messages():
@@ -331,6 +350,17 @@ class AgentService:
             self.readiness.set("broker_connected", False)
             if self.link.connected:
                 self.link.detach()
+
+    async def _subscribe_all(self, connection: MqttConnection) -> None:
+        """Subscribe to every experiment's input on a new connection."""
+        for name in self.experiments:
+            for topic_filter in self._experiment_filters(name):
+                await connection.subscribe(topic_filter)
+
+    def _experiment_filters(self, name: str) -> list[str]:
+        """The subscriptions that bring an experiment's input (built by `connectors.topics`):
+        every device's, since an unbound one is refused and counted."""
+        return [self.topics.device_filter(kind, name) for kind in _KIND_SCHEMAS]
 
     def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
         try:
@@ -348,15 +378,13 @@ class AgentService:
         # Checked here, at once: what is rejected is acknowledged now, so a flood of invalid
         # input never holds the broker's in-flight window (nor its queue) for the agent; only
         # valid input waits in the inbox, unacknowledged until it is stored.
-        exp = self.experiments[parsed.experiment]
-        decoded = self._decode(exp, parsed.kind, message, parsed.device)
+        decoded = self._decode(parsed.experiment, parsed.kind, message, parsed.device)
         if decoded is None or not self._within_rate(parsed, decoded, message):
             connection.ack(message)
             return
         size = len(message.payload)
-        item = _Incoming(parsed.kind, message, connection, sender=parsed.device, decoded=decoded)
         if self._inbox_bytes[parsed.experiment] + size > INBOX_BYTES_LIMIT or not self._offer(
-            inbox, item
+            inbox, _Incoming(parsed.kind, message, connection, time.time(), decoded=decoded)
         ):
             # not acknowledged: with a persistent session the broker delivers it again later
             detail = (
@@ -396,7 +424,11 @@ class AgentService:
         runtime, the store, and the policy's worker thread (`asyncio.to_thread` copies the
         context)."""
         with structlog.contextvars.bound_contextvars(experiment=exp.name):
-            await self._drive(exp)
+            try:
+                await self._drive(exp)
+            finally:
+                if exp.name in self.refits:
+                    await self.refits[exp.name].close()
 
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
@@ -406,9 +438,9 @@ class AgentService:
                 await self._publish_action(exp, live.action)
                 exp.mark_published(live.number)
         while True:
-            for action in exp.due(time.time()):
+            for action in exp.due(exp.ticks()):
                 await self._publish_action(exp, action)
-            if exp.can_propose(time.time()):
+            if self._may_propose(exp) and exp.can_propose(exp.ticks()):
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
@@ -419,11 +451,16 @@ class AgentService:
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
                 return
-            timeout = exp.next_deadline(time.time()) if exp.in_flight else None
+            timeout = exp.next_deadline(exp.ticks()) if exp.in_flight else None
             if exp.spec.schedule.min_interval_s and not exp.in_flight and not exp.finished:
-                timeout = exp.next_deadline(time.time())
+                timeout = exp.next_deadline(exp.ticks())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
+
+    def _may_propose(self, exp: Experiment) -> bool:
+        """Whether the service lets the experiment start rounds now (a fleet's pause says no;
+        wake its driver with a "wake" item when that changes)."""
+        return True
 
     async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> None:
         """Store late feedback of a finished experiment before the service exits.
@@ -482,11 +519,19 @@ class AgentService:
         return batch
 
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
-        readings: list[tuple[Reading, IncomingMessage]] = []
+        readings: list[tuple[Reading, _Incoming]] = []
+        refits = self.refits.get(exp.name)
+        if refits is not None:
+            # a refit finished beside the loop: swap it in before this batch is learned (a
+            # "refitted" item only wakes an idle driver; a full inbox may have refused it)
+            refits.install_ready()
         for item in batch:
             if item.message is not None:
                 self._inbox_bytes[exp.name] -= len(item.message.payload)
         for item in batch:
+            # "refitted" wakes an idle driver to install a refit; "wake" re-checks `_may_propose`
+            if item.kind in ("refitted", "wake"):
+                continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
                 # acknowledged may have been lost with it: publish it again, same id (unless it
@@ -500,50 +545,55 @@ class AgentService:
             if decoded is None:
                 continue
             if isinstance(decoded, Reading):
-                readings.append((decoded, item.message))
+                readings.append((decoded, item))
             elif isinstance(decoded, Ack):
                 self._account(exp, "ack", item.message, exp.on_ack(decoded))
             elif isinstance(decoded, Oracle):
                 self._account(exp, "oracle", item.message, exp.on_oracle(decoded))
         if readings:
             verdicts = exp.on_readings([reading for reading, _ in readings])
-            for (_, message), verdict in zip(readings, verdicts, strict=True):
-                self._account(exp, "reading", message, verdict)
+            for (_, item), verdict in zip(readings, verdicts, strict=True):
+                self._account(exp, "reading", item.message, verdict)
+            if self.on_learned is not None:
+                routed = [(reading, item.at) for reading, item in readings]
+                self.on_learned(exp.name, routed, time.time())
+        if refits is not None:
+            refits.maybe_start()  # a refit the schedule made due runs beside the loop
         # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.
         for item in batch:
             if item.connection is not None and item.message is not None:
                 item.connection.ack(item.message)
 
     def _decode(
-        self, exp: Experiment, kind: str, message: IncomingMessage, sender: str
+        self, experiment: str, kind: str, message: IncomingMessage, sender: str
     ) -> Reading | Ack | Oracle | None:
-        """The message, its signature checked, decoded, and checked against its topic and its
-        sender's rights; None (rejected) otherwise."""
+        """The message, decoded and checked against its topic and its sender (the device level
+        of the topic, which the broker's ACL vouches for); None (rejected) otherwise."""
         try:
             payload = unwrap(message.payload, sender, self.device_keys)
         except SignatureError as error:
-            self.metrics.untrusted(exp.name, kind, error.reason)  # type: ignore[arg-type]
-            self._reject(exp.name, kind, message, error.reason, error.detail)
+            self.metrics.untrusted(experiment, kind, error.reason)  # type: ignore[arg-type]
+            self._reject(experiment, kind, message, error.reason, error.detail)
             return None
         try:
             decoded = decode(payload, _KIND_SCHEMAS[kind])
         except DecodeError as error:
-            self._reject(exp.name, kind, message, error.reason, error.detail)
+            self._reject(experiment, kind, message, error.reason, error.detail)
             return None
-        if decoded.experiment != exp.name:
+        if decoded.experiment != experiment:
             self._reject(
-                exp.name,
+                experiment,
                 kind,
                 message,
                 "experiment_mismatch",
-                f"payload names {decoded.experiment!r} on {exp.name}'s topic",
+                f"payload names {decoded.experiment!r} on {experiment}'s topic",
             )
             return None
-        refused = identity.refusal(exp.spec, sender, decoded)
+        refused = identity.refusal(self.experiments[experiment].spec, sender, decoded)
         if refused is not None:
             reason, detail = refused
-            self.metrics.untrusted(exp.name, kind, reason)
-            self._reject(exp.name, kind, message, reason, detail)
+            self.metrics.untrusted(experiment, kind, reason)
+            self._reject(experiment, kind, message, reason, detail)
             return None
         return decoded
 

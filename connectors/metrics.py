@@ -86,8 +86,9 @@ class AgentMetrics:
             "cbo_simple_regret", "Optimum − E[y|best action so far], from the oracle."
         )
         self._regret_upper_estimate = self._gauge(
-            "cbo_regret_upper_estimate",
-            "Model-based upper estimate of cumulative regret (no oracle: real systems).",
+            "cbo_regret_model_estimate",
+            "Model-based estimate of cumulative regret: sum over rounds of UCB(best candidate) "
+            "- LCB(chosen), from the experiment's own model (no oracle: real systems).",
         )
         self._reward_last = self._gauge("cbo_reward_last", "Reward observed in the last round.")
         self._reward_best = self._gauge("cbo_reward_best", "Best reward observed so far.")

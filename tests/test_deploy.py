@@ -497,7 +497,7 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
                 return title
         raise AssertionError(f"no panel queries all of {needles}")
 
-    panel_with("cbo_cumulative_regret", "cbo_regret_upper_estimate")
+    panel_with("cbo_cumulative_regret", "cbo_regret_model_estimate")
     panel_with("cbo_simple_regret")
     panel_with("cbo_reward_last", "cbo_reward_best")
     panel_with("cbo_budget_spent", "cbo_budget_remaining")
@@ -691,6 +691,10 @@ def test_acl_grants_what_the_protocol_needs() -> None:
         *{("write", f"cbo/+/%u/{kind}") for kind in ("ack", "reading", "oracle", "deadletter")},
     }
     assert all(access == "read" for access, _ in users["monitor"])
+    assert ("read", "cbo/control/request") in users["agent"]
+    assert ("write", "cbo/control/reply/+") in users["agent"]
+    assert ("write", "cbo/control/request") in users["operator"]
+    assert ("read", "cbo/control/reply/+") in users["operator"]
 
 
 # ---------------------------------------------------------------------------- Dockerfile
@@ -828,6 +832,7 @@ def test_make_passwd_writes_hashed_users(tmp_path: Path) -> None:
         "MQTT_DEVICE_PASSWORD": "d-secret",
         "MQTT_MONITOR_PASSWORD": "m-secret",
         "MQTT_DEVICES_FILE": str(devices),
+        "MQTT_OPERATOR_PASSWORD": "o-secret",
     }
     result = run(["sh", str(MAKE_PASSWD), str(passwd)], env=env)
     assert result.returncode == 0, result.stderr

@@ -28,7 +28,14 @@ from connectors.schemas import Reading, encode
 from connectors.store import Store
 from core.spec import DeviceSpec
 from tests.brokers import MosquittoOptions, free_port, shipped_limits
-from tests.test_faults_input import config_for, device_for, rejected_counts, spec_for, topics
+from tests.test_faults_input import (
+    config_for,
+    device_for,
+    device_topic,
+    rejected_counts,
+    spec_for,
+    topics,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOD = 20_000
@@ -84,7 +91,7 @@ async def test_20000_invalid_messages_beside_a_live_device_lose_none_of_its_read
         marks["rss_before"] = rss_mb()
         marks["start"] = time.monotonic()
         thread = threading.Thread(
-            target=flood, args=(broker.port, topics.reading("flooded", "flooder"), garbage, flooded)
+            target=flood, args=(broker.port, device_topic("flooded"), garbage, flooded)
         )
         thread.start()
         await asyncio.to_thread(thread.join)
@@ -176,7 +183,7 @@ def test_memory_stays_bounded_under_a_sustained_flood(mosquitto_factory, tmp_pat
 
         def flood_and_wait(count: int, offset: int) -> None:
             payloads = [b"not json " + str(offset + i).encode() for i in range(count)]
-            flood(broker.port, topics.reading("toygraph", "flooder"), payloads, threading.Event())
+            flood(broker.port, device_topic("toygraph"), payloads, threading.Event())
             deadline = time.monotonic() + WAIT_S
             while rejected_malformed(url) < offset + count:
                 assert time.monotonic() < deadline, rejected_malformed(url)
