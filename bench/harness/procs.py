@@ -421,10 +421,10 @@ class Cluster:
 
 
 def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
-    """Mosquitto's password file for the agent, the monitor and `devices` (each its own login,
-    its device id), by the deployment's own script; returns user -> password."""
+    """Mosquitto's password file for the agent, the monitor, the operator and `devices` (each
+    its own login, its device id), by the deployment's own script; returns user -> password."""
     devices = list(devices)
-    users = ("agent", "monitor", *devices)
+    users = ("agent", "monitor", "operator", *devices)
     passwords = {user: secrets.token_urlsafe(12) for user in users}
     extra = path.with_name(path.name + ".devices")
     extra.write_text("".join(f"{device} {passwords[device]}\n" for device in devices[1:]))
@@ -432,6 +432,7 @@ def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": passwords["agent"],
         "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_OPERATOR_PASSWORD": passwords["operator"],
         "MQTT_DEVICE_USER": devices[0],
         "MQTT_DEVICE_PASSWORD": passwords[devices[0]],
         "MQTT_DEVICES_FILE": str(extra),
