@@ -20,7 +20,8 @@ from tests.test_agent_service import WAIT_S, agent_config, fast_spec
 
 @pytest.mark.integration
 async def test_refits_run_beside_the_loop_and_leave_the_exact_model(mosquitto, tmp_path):
-    spec = fast_spec("refits", rounds=24, pipeline=2)
+    # long enough (about 15 s) for the fit process to start and fit more than once
+    spec = fast_spec("refits", rounds=30, pipeline=1, min_interval_s=0.5)
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"refit_every": 3})})
     device = SimulatorDevice(
         make_environment("toygraph"),
