@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -50,9 +52,18 @@ def run_jobs(jobs: dict[str, RefitJob]) -> dict[str, RefitResult]:
         torch.set_num_threads(threads)
 
 
-def _one_thread() -> None:
-    """The fit process's initializer: one torch thread (the other core is the event loop's)."""
+def _init_worker(parent: int) -> None:
+    """The fit process's initializer: one torch thread (the other core is the event loop's),
+    and an exit as soon as the agent is gone — a SIGKILLed agent would otherwise leave it
+    running, holding its memory (measured: still alive ten minutes after the kill)."""
     torch.set_num_threads(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def fit_jobs(jobs: dict[str, RefitJob]) -> dict[str, RefitFit]:
@@ -86,7 +97,8 @@ class FitWorker:
             self._pool = ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_one_thread,
+                initializer=_init_worker,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
