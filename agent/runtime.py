@@ -341,9 +341,7 @@ class AgentService:
     # ------------------------------------------------------------------ MQTT session
     async def _session(self, connection: MqttConnection) -> None:
         """One connection's life: subscribe, tell drivers, route messages until it drops."""
-        for name in self.experiments:
-            for kind in _KIND_SCHEMAS:  # every device: an unbound one is refused and counted
-                await connection.subscribe(self.topics.device_filter(kind, name))
+        await self._subscribe_all(connection)
         self.link.attach(connection)
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
@@ -357,6 +355,17 @@ class AgentService:
             self.readiness.set("broker_connected", False)
             if self.link.connected:
                 self.link.detach()
+
+    async def _subscribe_all(self, connection: MqttConnection) -> None:
+        """Subscribe to every experiment's input on a new connection."""
+        for name in self.experiments:
+            for topic_filter in self._experiment_filters(name):
+                await connection.subscribe(topic_filter)
+
+    def _experiment_filters(self, name: str) -> list[str]:
+        """The subscriptions that bring an experiment's input (built by `connectors.topics`):
+        every device's, since an unbound one is refused and counted."""
+        return [self.topics.device_filter(kind, name) for kind in _KIND_SCHEMAS]
 
     def _route(self, message: IncomingMessage, connection: MqttConnection) -> None:
         try:
@@ -436,7 +445,7 @@ class AgentService:
         while True:
             for action in exp.due(exp.ticks()):
                 await self._publish_action(exp, action)
-            if exp.can_propose(exp.ticks()):
+            if self._may_propose(exp) and exp.can_propose(exp.ticks()):
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
@@ -452,6 +461,11 @@ class AgentService:
                 timeout = exp.next_deadline(exp.ticks())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
+
+    def _may_propose(self, exp: Experiment) -> bool:
+        """Whether the service lets the experiment start rounds now (a fleet's pause says no;
+        wake its driver with a "wake" item when that changes)."""
+        return True
 
     async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> None:
         """Store late feedback of a finished experiment before the service exits.
@@ -520,7 +534,8 @@ class AgentService:
             if item.message is not None:
                 self._inbox_bytes[exp.name] -= len(item.message.payload)
         for item in batch:
-            if item.kind == "refitted":
+            # "refitted" wakes an idle driver to install a refit; "wake" re-checks `_may_propose`
+            if item.kind in ("refitted", "wake"):
                 continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never

@@ -686,6 +686,10 @@ def test_acl_grants_what_the_protocol_needs() -> None:
         *{("write", f"cbo/+/%u/{kind}") for kind in ("ack", "reading", "oracle", "deadletter")},
     }
     assert all(access == "read" for access, _ in users["monitor"])
+    assert ("read", "cbo/control/request") in users["agent"]
+    assert ("write", "cbo/control/reply/+") in users["agent"]
+    assert ("write", "cbo/control/request") in users["operator"]
+    assert ("read", "cbo/control/reply/+") in users["operator"]
 
 
 # ---------------------------------------------------------------------------- Dockerfile
@@ -823,6 +827,7 @@ def test_make_passwd_writes_hashed_users(tmp_path: Path) -> None:
         "MQTT_DEVICE_PASSWORD": "d-secret",
         "MQTT_MONITOR_PASSWORD": "m-secret",
         "MQTT_DEVICES_FILE": str(devices),
+        "MQTT_OPERATOR_PASSWORD": "o-secret",
     }
     result = run(["sh", str(MAKE_PASSWD), str(passwd)], env=env)
     assert result.returncode == 0, result.stderr
