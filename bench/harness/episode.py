@@ -19,6 +19,7 @@ import torch
 
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, load_spec
+from core.structure import structure_scores
 from policies.base import Constraints, NothingAffordable
 from policies.random_search import RandomPolicy
 from policies.registry import make_policy
@@ -197,6 +198,26 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             record["violations"] = problems
         payload["history"].append(record)
     payload["status"] = "ok"
+    structure = structure_outcome(env, payload["history"])
+    if structure is not None:
+        payload["structure"] = structure
+
+
+def structure_outcome(
+    env: Environment, history: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """Precision, recall and F1 of the last dependency graph a policy reported (diagnostics
+    `edges`) against the environment's true one (`dependency_edges`); None when either is
+    missing (an environment without a known structure, a policy that learns none)."""
+    truth = getattr(env, "dependency_edges", None)
+    found = next(
+        (r["diagnostics"]["edges"] for r in reversed(history) if "edges" in r["diagnostics"]),
+        None,
+    )
+    if truth is None or found is None:
+        return None
+    scores = structure_scores(truth, found)
+    return {**scores, "edges_found": len(found), "edges_true": len(truth)}
 
 
 def spec_for(env: Environment, spec: ExperimentSpec) -> ExperimentSpec:
