@@ -113,7 +113,21 @@ def test_readme_lists_the_demo_policies_that_work():
     fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
     assert fidelity, paragraph
     multi = fidelity.group(1).split("|")
-    assert sorted([*general, *multi, decomposed.group(1)]) == sorted(policy_names())
+    vector = re.search(
+        r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|-]+)` \(paper 000", paragraph
+    )
+    assert vector, paragraph
+    vector_policies = vector.group(1).split("|")
+    assert sorted([*general, *multi, *vector_policies, decomposed.group(1)]) == sorted(
+        policy_names()
+    )
+    for env in vector.group(2).split("|"):
+        spec = demo_spec(DemoOptions(env=env))
+        for policy in vector_policies:
+            candidate = spec.model_copy(
+                update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
+            )
+            assert check_policy(candidate) == [], (env, policy)
     for env in fidelity.group(2).split("|"):
         spec = demo_spec(DemoOptions(env=env))
         for policy in multi:
