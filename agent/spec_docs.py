@@ -36,6 +36,7 @@ _SECTIONS = [
     ("PolicySpec", "policy"),
     ("InitialDesignSpec", "initial_design"),
     ("ScheduleSpec", "schedule"),
+    ("DeviceSpec", "devices[]"),
 ]
 
 

@@ -25,6 +25,8 @@ from core.plain_errors import plain_problems, unknown_name
 SPEC_SCHEMA = "cbo-agent/experiment"
 SPEC_VERSION = 1
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+_DEVICE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an MQTT topic level: connectors.topics' rule
+DEFAULT_DEVICE_PREFIX = "sim-"  # with no `devices`, the one device is `cbo-agent sim`'s default
 
 
 class _Strict(BaseModel):
@@ -375,8 +377,9 @@ class PolicySpec(_Strict):
 
     name: str = Field(
         default="mcbo",
-        description="The policy: `mcbo`, `eifn`, `gpucb`, `dgpucb` (a decomposed reward only) "
-        "or `random` (`cbo-agent bench regret --list` lists them).",
+        description="The policy: `mcbo`, `eifn`, `eicbo` (hard interventions only), `gpucb`, "
+        "`dgpucb` (a decomposed reward only) or `random` (`cbo-agent bench regret --list` lists "
+        "them).",
     )
     settings: dict[str, Any] = Field(
         default={},
@@ -456,6 +459,31 @@ class ScheduleSpec(_Strict):
     )
 
 
+class DeviceSpec(_Strict):
+    """A device that serves the experiment: what it may say, under which identity."""
+
+    id: str = Field(
+        pattern=_DEVICE_ID_PATTERN,
+        description="The device's id: its MQTT login (the broker's ACL lets a login publish only "
+        "under `{prefix}/{experiment}/{id}/...`) and the `device_id` of its messages.",
+    )
+    actuator: bool = Field(
+        default=False,
+        description="The device the actions go to (`{prefix}/{experiment}/{id}/action`); only "
+        "its acks count. Exactly one device of an experiment is its actuator.",
+    )
+    nodes: list[str] = Field(
+        default=[],
+        description="The nodes (and reward components) this device may report readings of; a "
+        "reading of any other node from it is rejected (`node_not_bound`).",
+    )
+    oracle: bool = Field(
+        default=False,
+        description="Whether the device may send oracle messages (a simulator's E[y | a] and "
+        "optimum, for true regret); from any other device they are rejected.",
+    )
+
+
 class ExperimentSpec(_Strict):
     """One experiment: graph, actions, reward, constraints, model, policy and schedule."""
 
@@ -514,6 +542,12 @@ class ExperimentSpec(_Strict):
     schedule: ScheduleSpec = Field(
         default=ScheduleSpec(), description="Round limit, pipelining, timeouts, rate limit."
     )
+    devices: list[DeviceSpec] | None = Field(
+        default=None,
+        description="The devices that serve the experiment, each with what it may say (docs/"
+        "protocol.md, Device identity). null: one device, `sim-{name}` (the id `cbo-agent sim` "
+        "takes by default), the actuator, reporting every node and the oracle.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -531,6 +565,7 @@ class ExperimentSpec(_Strict):
             *self._target_set_problems(),
             *self._candidate_problems(),
             *self._fidelity_problems(),
+            *self._device_problems(),
         ]
         if self.reward.node not in self.node_names:
             problems.append(
@@ -550,6 +585,23 @@ class ExperimentSpec(_Strict):
     @property
     def action_names(self) -> list[str]:
         return [action.name for action in self.actions]
+
+    @property
+    def served_by(self) -> list[DeviceSpec]:
+        """The devices of the experiment: `devices`, or the default simulator device."""
+        if self.devices is not None:
+            return list(self.devices)
+        default_id = f"{DEFAULT_DEVICE_PREFIX}{self.name}"[:64]
+        return [DeviceSpec(id=default_id, actuator=True, nodes=self.node_names, oracle=True)]
+
+    @property
+    def actuator_id(self) -> str:
+        """The id of the device the actions go to (the one actuator)."""
+        return next(device.id for device in self.served_by if device.actuator)
+
+    def device(self, device_id: str) -> DeviceSpec | None:
+        """The declared device of that id, or None."""
+        return next((d for d in self.served_by if d.id == device_id), None)
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[self.node_names.index(name)]
@@ -782,6 +834,38 @@ class ExperimentSpec(_Strict):
             problems.append("fidelity: no action is left for the parameters θ")
         if self.constraints.max_interventions is not None:
             problems.append("constraints.max_interventions: every action of θ is set each round")
+        return problems
+
+    def _device_problems(self) -> list[str]:
+        if self.devices is None:
+            return []
+        if not self.devices:
+            return ["devices: empty; leave it out for the default simulator device"]
+        problems = []
+        ids = [device.id for device in self.devices]
+        for dup in sorted({i for i in ids if ids.count(i) > 1}):
+            problems.append(f"devices: duplicate device id {dup!r}")
+        actuators = [device.id for device in self.devices if device.actuator]
+        if len(actuators) != 1:
+            problems.append(f"devices: exactly one actuator, got {len(actuators)} {actuators}")
+        for i, device in enumerate(self.devices):
+            for node in device.nodes:
+                if node not in self.node_names:
+                    problems.append(
+                        f"devices[{i}].nodes: {unknown_name('node', node, self.node_names)}"
+                    )
+            if len(set(device.nodes)) != len(device.nodes):
+                problems.append(f"devices[{i}].nodes: a node appears twice")
+        reported = {node for device in self.devices for node in device.nodes}
+        # a decomposed reward is composed by the agent from its components: no device reports it
+        needed = [
+            n for n in self.node_names if not (self.reward.decomposed and n == self.reward.node)
+        ]
+        unreported = [node for node in needed if node not in reported]
+        if unreported:
+            problems.append(
+                f"devices: no device reports {unreported} (a round would never be complete)"
+            )
         return problems
 
     def _candidate_problems(self) -> list[str]:

@@ -26,6 +26,7 @@ FAST: dict[str, dict[str, Any]] = {
     },
     "eifn": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "max_seconds": 5.0},
     "gpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
+    "eicbo": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "max_seconds": 5.0},
     "dgpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "random": {},
     # paper 001's multi-fidelity policies (fidelity specs only)

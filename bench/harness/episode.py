@@ -167,13 +167,13 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
         return
     for t in range(1, config.rounds + 1):
         constraints = Constraints.from_spec(spec, spent)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             proposal = policy.propose(model, constraints, rng)
         except NothingAffordable as reason:
             payload.update(status="stopped", stop_reason=f"round {t}: {reason}")
             return
-        decided = time.perf_counter()
+        decided, cpu_decided = time.perf_counter(), time.process_time()
         intervention = proposal.intervention
         readings = env.step(intervention, noise)
         learn_start = time.perf_counter()
@@ -189,6 +189,7 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             regret=optimum.value - record["expected_reward"],
             acquisition_value=proposal.acquisition_value,
             decision_seconds=decided - start,
+            decision_cpu_seconds=cpu_decided - cpu_start,  # all the process's threads
             update_seconds=learned - learn_start,
             diagnostics=proposal.diagnostics,
         )
