@@ -4,7 +4,10 @@ Every action carries `expires_at`, the moment the agent gives up on it; devices 
 it from then on. Should one do so anyway (an "applied" ack or readings for an expired round),
 the cost is charged again — past the budget if need be — and counted as a device overspend:
 the agent never spends beyond the budget by itself, and what a device did is recorded, not
-hidden.
+hidden. The same holds for an action the actuator rejected (its reservation released) and then
+reports applied after all, or sends readings of: a rejection never silently un-spends.
+
+Only the experiment's actuator's acks reach this module (`agent.identity` refuses the others).
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ def on_ack(exp: Experiment, ack: Ack) -> Verdict:
         return Verdict("duplicate")
     if live.status is RoundStatus.EXPIRED and ack.status == "applied":
         return _applied_after_expiry(exp, live, ack)
+    if live.status is RoundStatus.REJECTED and ack.status == "applied":
+        return _applied_after_rejection(exp, live, ack)
     if not live.is_open:
         return Verdict("late")
-    now = exp.clock()
+    now = exp.ticks()  # the round's timers; what is stored takes wall time
     if ack.status == "rejected" and ack.reason == BUSY:
         live.retry_at = now + BUSY_RETRY_S  # the device will take it when it has room
         exp.open.timers_moved()
@@ -49,9 +54,10 @@ def on_ack(exp: Experiment, ack: Ack) -> Verdict:
 def _acknowledge(exp: Experiment, live: LiveRound, ack: Ack, now: float) -> None:
     """The device applied the action: the reservation is settled, the round waits for readings."""
     applied = _applied(exp, live, ack)
+    wall = exp.clock()
     with exp.store.transaction():
-        exp.store.set_round_status(exp.name, live.number, RoundStatus.ACKED, now)
-        exp.store.settle(exp.name, live.number, now)
+        exp.store.set_round_status(exp.name, live.number, RoundStatus.ACKED, wall)
+        exp.store.settle(exp.name, live.number, wall)
         if applied is not None:
             exp.store.set_applied(exp.name, live.number, applied)
     live.status, live.acked_at = RoundStatus.ACKED, now
@@ -79,13 +85,12 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     is paid for (charged again, past the budget if need be) and the model learns it."""
     if live.acked_at is not None:
         return Verdict("duplicate")
-    now = exp.clock()
     applied = _applied(exp, live, ack)
     with exp.store.transaction():
-        charged = exp.store.charge(exp.name, live.number, now)
+        charged = exp.store.charge(exp.name, live.number, exp.clock())
         if applied is not None:
             exp.store.set_applied(exp.name, live.number, applied)
-    live.acked_at = now
+    live.acked_at = exp.ticks()
     if applied is not None:
         exp.model.history[live.model_round].intervention = applied
     if charged:
@@ -95,8 +100,28 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     return Verdict("late")
 
 
+def _applied_after_rejection(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict:
+    """The actuator rejected the action (its reservation was released) and now says it applied
+    it: the action happened, so it is paid for and counted as an overspend; the round's
+    readings teach the model from now on (`agent.join`)."""
+    if live.acked_at is not None:
+        return Verdict("duplicate")
+    applied = _applied(exp, live, ack)
+    with exp.store.transaction():
+        charged = exp.store.charge(exp.name, live.number, exp.clock())
+        if applied is not None:
+            exp.store.set_applied(exp.name, live.number, applied)
+    live.acked_at = exp.ticks()
+    if applied is not None:
+        exp.model.history[live.model_round].intervention = applied
+    if charged:
+        overspent(exp, live, "applied_after_rejection", ack.at)
+    return Verdict("late")
+
+
 def overspent(exp: Experiment, live: LiveRound, reason: str, applied_at: float | None) -> None:
-    """Log and count a cost charged after its round expired (an ack, or readings: `agent.join`)."""
+    """Log and count a cost charged after its round expired or its action was rejected (an
+    ack, or readings: `agent.join`)."""
     total = exp.spec.constraints.budget_total
     spent = exp.budget_spent()
     live.log.warning(

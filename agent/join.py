@@ -1,6 +1,7 @@
 """Feedback join: readings and oracle values, matched to their rounds, stored, then learned.
 
-A reading names its round and node. It is dropped as a duplicate when the store has already
+A reading names its round and node; `agent.identity` has checked that its device may report
+that node. It is dropped as a duplicate when the store has already
 seen (device, node, seq) or the round already has that node; it teaches the model as soon as the
 node's row is complete (its value and its parents' values), also after the round closed
 ("late"). A batch's new readings are taught in one block update, one round or several.
@@ -8,6 +9,7 @@ node's row is complete (its value and its parents' values), also after the round
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -21,9 +23,22 @@ from core.spec import ExperimentSpec
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["IMPLAUSIBLE_SPANS", "implausible", "observe", "on_oracle", "on_readings"]
+__all__ = [
+    "IMPLAUSIBLE_SPANS",
+    "ORACLE_SLACK",
+    "implausible",
+    "log_refit",
+    "observe",
+    "on_oracle",
+    "on_readings",
+    "oracle_problem",
+    "save_snapshot",
+]
 
 IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
+# Relative room for a simulator's numerically searched optimum: E[y | a] may exceed it by this
+# much (times max(1, |optimum|)) before the oracle message is refused.
+ORACLE_SLACK = 1e-3
 
 Fresh = dict[int, dict[str, float]]  # round -> node -> value, admitted in this batch
 
@@ -43,7 +58,8 @@ def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
         for reading in readings:
             verdicts.append(_admit(exp, reading, fresh, now))
         if fresh:
-            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], now)
+            # the round timers run on the monotonic clock; the store took wall time
+            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], exp.ticks())
     return verdicts
 
 
@@ -54,8 +70,11 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         return Verdict("rejected", "unknown_round")
     if reading.node not in exp.model.inputs:
         return Verdict("rejected", "unknown_node")
-    if live.status is RoundStatus.REJECTED:
-        return Verdict("rejected", "stale_round")  # the device refused the action
+    rejected = live.status is RoundStatus.REJECTED and live.acked_at is None
+    from_actuator = reading.device_id == exp.spec.actuator_id
+    if rejected and not from_actuator:
+        # the actuator refused the action: another sensor's value shows no intervention
+        return Verdict("rejected", "stale_round")
     bad = implausible(exp.spec, reading.node, reading.value)
     if bad:
         return Verdict("rejected", bad)
@@ -69,18 +88,27 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         reading.seq,
         reading.device_id,
         now,
+        measured_at=reading.at,  # the device's clock: when it measured, beside when it arrived
         variance=reading.variance,
         replications=reading.replications,
     )
     if not stored:
         return Verdict("duplicate")
+    given_up = live.status in (RoundStatus.EXPIRED, RoundStatus.REJECTED)
+    # Readings of an action the agent had given up on (expired), or the actuator's own readings
+    # of one it said it would not apply (rejected): it was applied after all, so it is paid for
+    # — charged before a partial trial settles what it used.
+    if given_up and exp.store.charge(exp.name, live.number, now):
+        why = (
+            "readings_after_expiry"
+            if live.status is RoundStatus.EXPIRED
+            else ("readings_after_rejection")
+        )
+        acks.overspent(exp, live, why, None)
     if reading.variance is not None or reading.replications is not None:
         _replicated(exp, live, reading.node, reading.variance, reading.replications, now)
     fresh.setdefault(live.number, {})[reading.node] = reading.value
-    if live.status is RoundStatus.EXPIRED:
-        # readings of an action the agent had given up on: it was applied after all
-        if exp.store.charge(exp.name, live.number, now):
-            acks.overspent(exp, live, "readings_after_expiry", None)
+    if given_up:
         return Verdict("late")
     return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")
 
@@ -181,9 +209,9 @@ def _taught(
         return
     telemetry.model_updated(exp, seconds)
     if report.rebuilt:
-        _save_snapshot(exp)
+        save_snapshot(exp)
     if report.refit:
-        _log_refit(exp, lives, report)
+        log_refit(exp, report, lives)
     for live in lives:
         # the reward as read, or composed from its components (a decomposed reward)
         reward = exp.model.history[live.model_round].readings.get(exp.model.reward_node)
@@ -193,7 +221,7 @@ def _taught(
         exp.maybe_close(live, now)
 
 
-def _save_snapshot(exp: Experiment) -> None:
+def save_snapshot(exp: Experiment) -> None:
     """Store the GP state (hyperparameters, standardization) a rebuild changed: a restart
     (`agent.recovery`) replays the readings without refitting and loads this state after."""
     arrays = {k: v.detach().cpu().numpy() for k, v in exp.model.gp.state().items()}
@@ -205,9 +233,20 @@ def _save_snapshot(exp: Experiment) -> None:
     )
 
 
-def _log_refit(exp: Experiment, lives: list[LiveRound], report: LearnReport) -> None:
-    """One event per refit, bound to its round, or naming the batch's rounds."""
-    log = lives[0].log if len(lives) == 1 else exp.log.bind(rounds=[r.number for r in lives])
+def log_refit(
+    exp: Experiment,
+    report: LearnReport,
+    lives: list[LiveRound] | None = None,
+    fit_s: float | None = None,
+) -> None:
+    """One event per refit, bound to its round, or naming the batch's rounds (none: a refit
+    run beside the loop, `agent.refits`, which reports how long its worker took)."""
+    if lives is None:
+        log = exp.log.bind(background=True, fit_s=fit_s)
+    elif len(lives) == 1:
+        log = lives[0].log
+    else:
+        log = exp.log.bind(rounds=[r.number for r in lives])
     log.info(
         "model.refit",
         nodes=[exp.model.order[j] for j in report.refit],
@@ -215,11 +254,41 @@ def _log_refit(exp: Experiment, lives: list[LiveRound], report: LearnReport) -> 
     )
 
 
+def oracle_problem(exp: Experiment, expected: float, optimum: float) -> str:
+    """A reason to refuse oracle values that break their own definition, else ''.
+
+    The optimum is the maximum of E[y | a] over every admissible action, so no action's
+    expected reward lies above it (beyond ORACLE_SLACK, for a simulator's numerical search),
+    and it is one number for the whole experiment. Both are values of the reward node, so they
+    are held to its plausible range like a reading (`implausible`). (Non-finite numbers never
+    get this far: the schema refuses them.)
+    """
+    reward = exp.spec.reward.node
+    if implausible(exp.spec, reward, expected) or implausible(exp.spec, reward, optimum):
+        return "out_of_range"
+    if not all(map(math.isfinite, (expected, optimum))):  # a stored row, say
+        return "out_of_range"
+    if expected > optimum + ORACLE_SLACK * max(1.0, abs(optimum)):
+        return "oracle_above_optimum"
+    known = exp.regret.optimum
+    if known is not None and abs(optimum - known) > ORACLE_SLACK * max(1.0, abs(known)):
+        return "oracle_optimum_changed"
+    return ""
+
+
 def on_oracle(exp: Experiment, oracle: Oracle) -> Verdict:
-    """A simulator's E[y | action] for a round (true regret): stored once, then exported."""
+    """A simulator's E[y | action] for a round (true regret): checked, stored once, exported.
+
+    `agent.identity` has checked that its device is an oracle of the experiment.
+    """
     live = exp.rounds.get(oracle.round)
     if live is None or live.action.action_id != oracle.action_id:
         return Verdict("rejected", "unknown_round")
+    if exp.regret.expected.get(oracle.round) is not None:
+        return Verdict("duplicate")
+    problem = oracle_problem(exp, oracle.expected_reward, oracle.optimum)
+    if problem:
+        return Verdict("rejected", problem)
     if not exp.regret.observe_oracle(oracle.round, oracle.expected_reward, oracle.optimum):
         return Verdict("duplicate")
     exp.store.add_oracle(

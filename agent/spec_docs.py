@@ -29,12 +29,14 @@ _SECTIONS = [
     ("ExperimentSpec", ""),
     ("NodeSpec", "nodes[]"),
     ("ActionSpec", "actions[]"),
+    ("ParametersSpec", "parameters"),
     ("RewardSpec", "reward"),
     ("ConstraintSpec", "constraints"),
     ("ModelSpec", "model"),
     ("PolicySpec", "policy"),
     ("InitialDesignSpec", "initial_design"),
     ("ScheduleSpec", "schedule"),
+    ("DeviceSpec", "devices[]"),
 ]
 
 

@@ -20,6 +20,15 @@ Chaos, in a seeded random order and spread over the first 80 % of the run:
                    ones refused for a random moment, while the broker and the device stay up:
                    the agent must notice, reconnect and resume its persistent session.
 
+Adversaries beside the real device (`bench.harness.adversaries`), on a broker that runs the
+shipped ACL with a login per device (deploy/mosquitto/acl, make-passwd.sh): a forging device
+that, every half second, forges a "rejected" ack, a reading and an oracle message for the newest
+round — on its own topics claiming the real device's id, on its own topics as itself, and on
+the real device's topics — and a flooding device that publishes `flood` invalid payloads on its
+own topic at `flood_rate` per second. `forgeries_accepted` counts what of the forgeries the
+store holds afterwards (readings, oracle values, rounds ended by a forged rejection); it must be
+0, as must `real_readings_lost`, the real device's readings neither stored nor still queued.
+
 Live audits: before every disruption, and after the last one at every round the agent closes
 until it exits, the device is paused for a moment and the live agent's /metrics
 (`cbo_observations` per node, `cbo_budget_spent`) are compared with the store
@@ -44,7 +53,9 @@ from typing import Any
 
 from rich.console import Console
 
+from bench.harness.adversaries import Flooder, Forger
 from bench.harness.check import (
+    Check,
     DeviceRecord,
     LiveAudit,
     Verdict,
@@ -55,6 +66,7 @@ from bench.harness.check import (
 )
 from bench.harness.procs import (
     AGENT_ID,
+    DEVICE_ID,
     EXPERIMENT,
     ChildDied,
     Cluster,
@@ -77,7 +89,12 @@ REQUIRED_FIELDS = (
     "budget",
     "budget_spent",
     "actions_applied_twice",
+    "forgeries_sent",
+    "forgeries_accepted",
+    "flood_sent",
+    "real_readings_lost",
 )
+FORGER, FLOODER = "forger", "flooder"  # the adversaries' device logins
 KILL_MOMENTS = ("random", "after_proposed", "after_published", "startup")
 STARTUP_S = 90.0  # a life of the agent, from exec to subscribed, on a busy two-core machine
 AUDIT_SETTLE_S = 1.5  # device paused: what is in flight reaches the agent well within this
@@ -101,6 +118,9 @@ class ChaosOptions:
     )
     max_downtime_s: float = 1.5
     time_limit_s: float = 900.0
+    forge: bool = True  # a forging device beside the real one
+    flood: int = 20_000  # invalid messages from a flooding device (0: none)
+    flood_rate: float = 200.0  # ... at most this many per second
 
 
 @dataclass
@@ -394,15 +414,36 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
         round_timeout_s=options.round_timeout_s,
         policy=options.policy,
     )
+    spec = load_spec(spec_path)
     with Cluster(
-        workdir, spec_path, env=options.env, device_options=options.device, via_proxy=True
+        workdir,
+        spec_path,
+        env=options.env,
+        device_options=options.device,
+        via_proxy=True,
+        logins=(FORGER, FLOODER),
     ) as cluster:
         cluster.start_broker()
         cluster.start_device(timeout_s=STARTUP_S)
         cluster.start_agent()
-        chaos = _Chaos(cluster, options, load_spec(spec_path), deadline)
-        chaos.run()
-        chaos.follow()
+        port, passwords = cluster.broker.port, cluster.passwords
+        forger = flooder = None
+        if options.forge:
+            login = (FORGER, passwords[FORGER])
+            forger = Forger(port, login, spec, DEVICE_ID, cluster.store_path)
+            forger.start()
+        if options.flood:
+            login = (FLOODER, passwords[FLOODER])
+            flooder = Flooder(port, login, EXPERIMENT, options.flood, options.flood_rate)
+            flooder.start()
+        chaos = _Chaos(cluster, options, spec, deadline)
+        try:
+            chaos.run()
+            chaos.follow()
+        finally:
+            for adversary in (forger, flooder):
+                if adversary is not None:
+                    adversary.stop()
         agent = cluster.agent
         assert agent is not None
         finished, exit_code = True, None
@@ -416,7 +457,9 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
         time.sleep(options.device.delay_s + options.device.jitter_s + 1.0)
         if agent.alive:
             agent.kill()
-        queued = drain_session(cluster.broker.port, AGENT_ID)
+        queued = drain_session(
+            cluster.broker.port, AGENT_ID, login=("agent", cluster.passwords["agent"])
+        )
         cluster.close()
         record: DeviceRecord = device_record(cluster.device_events())
         lives = len(cluster.agent_lives)
@@ -424,6 +467,25 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
         assert cluster.proxy is not None
         refused = cluster.proxy.refused
     verdict = verify(spec_path, cluster.store_path, record, queued, chaos.audit)
+    accepted = {"readings": 0, "oracles": 0, "rejections": 0}
+    if forger is not None:
+        with Store(cluster.store_path) as store:
+            accepted = forger.record.accepted_in(store, EXPERIMENT, FORGER)
+    forgeries_accepted = sum(accepted.values())
+    verdict.checks.append(
+        Check(
+            "forgeries_accepted == 0",
+            forgeries_accepted == 0,
+            f"of {forger.record.sent if forger else 0} sent: {accepted['readings']} readings, "
+            f"{accepted['oracles']} oracle values, {accepted['rejections']} rejections stored",
+        )
+    )
+    verdict.numbers |= {
+        "forgeries_sent": forger.record.sent if forger else 0,
+        "forgeries_accepted": forgeries_accepted,
+        "flood_sent": flooder.sent if flooder else 0,
+        "real_readings_lost": verdict.numbers["readings_lost"],
+    }
     numbers = {
         "kills": chaos.kills,
         "broker_restarts": chaos.broker_restarts,

@@ -1,17 +1,25 @@
 """The MQTT topic layout of cbo-agent, in one place.
 
-Per experiment (``{prefix}/{experiment}/{kind}``):
+Per device of an experiment (``{prefix}/{experiment}/{device}/{kind}``): the device id is a
+level of the topic, so a broker ACL can let each login publish only under its own id
+(Mosquitto: ``pattern write cbo/+/%u/reading``, `deploy/mosquitto/acl`):
 
-- ``action``      agent → actuators: the intervention of a round
-- ``ack``         actuators → agent: what a device applied
+- ``action``      agent → the experiment's actuator: the intervention of a round
+- ``ack``         actuator → agent: what the device applied
 - ``reading``     sensors → agent: one node value or reward component per message
 - ``oracle``      simulators → agent: E[y | action] and the optimum, for true regret
-- ``deadletter``  agent → operators: input the agent rejected, with the reason
+- ``deadletter``  device → operators: an action the device could not decode
 
-Per agent: ``{prefix}/agents/{agent_id}/status`` (retained; the last will says "offline").
+Per experiment: ``{prefix}/{experiment}/deadletter`` (agent → operators: input the agent
+rejected, with the reason). Per agent: ``{prefix}/agents/{agent_id}/status`` (retained; the
+last will says "offline").
 
-Experiment ids, agent ids and every level of the prefix are identifiers: 1 to 64 characters
-from ``[A-Za-z0-9_.-]``, so they can never contain a topic separator or an MQTT wildcard.
+The fleet's control plane: ``{prefix}/control/request`` (operators → replicas) and
+``{prefix}/control/reply/{request_id}`` (replicas → operators).
+
+Experiment ids, device ids, agent ids and every level of the prefix are identifiers: 1 to 64
+characters from ``[A-Za-z0-9_.-]``, so they can never contain a topic separator or an MQTT
+wildcard.
 """
 
 from __future__ import annotations
@@ -24,13 +32,16 @@ DEFAULT_PREFIX: Final = "cbo"
 MAX_IDENTIFIER_LENGTH: Final = 64
 # "agents" is the level under which per-agent topics live; an experiment of that name would make
 # `{prefix}/agents/...` ambiguous to operators reading the broker's topic tree.
-RESERVED_EXPERIMENT_IDS: Final = frozenset({"agents"})
+RESERVED_EXPERIMENT_IDS: Final = frozenset({"agents", "control"})
 
 TopicKind = Literal["action", "ack", "reading", "oracle", "deadletter"]
-EXPERIMENT_TOPIC_KINDS: Final[tuple[TopicKind, ...]] = get_args(TopicKind)
+DEVICE_TOPIC_KINDS: Final[tuple[TopicKind, ...]] = get_args(TopicKind)
+ExperimentTopicKind = Literal["deadletter"]
+EXPERIMENT_TOPIC_KINDS: Final[tuple[ExperimentTopicKind, ...]] = get_args(ExperimentTopicKind)
 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_IDENTIFIER_LENGTH}}}")
 _AGENTS_LEVEL: Final = "agents"
+_CONTROL_LEVEL: Final = "control"
 _STATUS_LEVEL: Final = "status"
 
 
@@ -47,10 +58,11 @@ class ForeignTopicError(TopicError):
 
 
 class ParsedTopic(NamedTuple):
-    """An experiment topic taken apart."""
+    """An experiment or device topic taken apart; `device` is None for experiment topics."""
 
     experiment: str
     kind: TopicKind
+    device: str | None = None
 
 
 def validate_identifier(value: str, what: str = "identifier") -> str:
@@ -72,6 +84,11 @@ def validate_experiment_id(experiment: str) -> str:
     if experiment in RESERVED_EXPERIMENT_IDS:
         raise InvalidIdentifierError(f"experiment id {experiment!r} is reserved")
     return experiment
+
+
+def validate_device_id(device: str) -> str:
+    """Return `device` if it may name a device, else raise InvalidIdentifierError."""
+    return validate_identifier(device, "device id")
 
 
 def validate_agent_id(agent_id: str) -> str:
@@ -96,27 +113,42 @@ class Topics:
     def __post_init__(self) -> None:
         _validate_prefix(self.prefix)
 
-    def experiment_topic(self, experiment: str, kind: TopicKind) -> str:
-        """`{prefix}/{experiment}/{kind}` after validating both parts."""
+    def experiment_topic(self, experiment: str, kind: ExperimentTopicKind) -> str:
+        """`{prefix}/{experiment}/{kind}` (today only the agent's dead letters)."""
         validate_experiment_id(experiment)
-        _validate_kind(kind)
+        if kind not in EXPERIMENT_TOPIC_KINDS:
+            raise TopicError(
+                f"{kind!r} is not an experiment topic kind ({EXPERIMENT_TOPIC_KINDS}); "
+                "the others name a device"
+            )
         return f"{self.prefix}/{experiment}/{kind}"
 
-    def action(self, experiment: str) -> str:
-        """Topic the agent publishes a round's intervention to."""
-        return self.experiment_topic(experiment, "action")
+    def device_topic(self, experiment: str, device: str, kind: TopicKind) -> str:
+        """`{prefix}/{experiment}/{device}/{kind}` after validating every part."""
+        validate_experiment_id(experiment)
+        validate_device_id(device)
+        _validate_kind(kind)
+        return f"{self.prefix}/{experiment}/{device}/{kind}"
 
-    def ack(self, experiment: str) -> str:
-        """Topic actuators acknowledge applied (or rejected) actions on."""
-        return self.experiment_topic(experiment, "ack")
+    def action(self, experiment: str, device: str) -> str:
+        """Topic the agent publishes a round's intervention to, for the actuator `device`."""
+        return self.device_topic(experiment, device, "action")
 
-    def reading(self, experiment: str) -> str:
-        """Topic sensors publish node values and reward components on."""
-        return self.experiment_topic(experiment, "reading")
+    def ack(self, experiment: str, device: str) -> str:
+        """Topic the actuator `device` acknowledges applied (or rejected) actions on."""
+        return self.device_topic(experiment, device, "ack")
 
-    def oracle(self, experiment: str) -> str:
-        """Topic simulators publish E[y | action] and the optimum on."""
-        return self.experiment_topic(experiment, "oracle")
+    def reading(self, experiment: str, device: str) -> str:
+        """Topic the sensor `device` publishes node values and reward components on."""
+        return self.device_topic(experiment, device, "reading")
+
+    def oracle(self, experiment: str, device: str) -> str:
+        """Topic the simulator `device` publishes E[y | action] and the optimum on."""
+        return self.device_topic(experiment, device, "oracle")
+
+    def device_deadletter(self, experiment: str, device: str) -> str:
+        """Topic a device republishes an action it could not decode on."""
+        return self.device_topic(experiment, device, "deadletter")
 
     def deadletter(self, experiment: str) -> str:
         """Topic the agent republishes rejected input on, with the reason."""
@@ -127,29 +159,49 @@ class Topics:
         validate_agent_id(agent_id)
         return f"{self.prefix}/{_AGENTS_LEVEL}/{agent_id}/{_STATUS_LEVEL}"
 
-    def experiment_filter(self, kind: TopicKind, experiment: str | None = None) -> str:
-        """Subscription filter for one kind, of one experiment or (None) of all experiments."""
+    def device_filter(
+        self, kind: TopicKind, experiment: str | None = None, device: str | None = None
+    ) -> str:
+        """Subscription filter for one kind of device topic; None matches every experiment
+        (or every device)."""
         _validate_kind(kind)
         level = "+" if experiment is None else validate_experiment_id(experiment)
-        return f"{self.prefix}/{level}/{kind}"
+        who = "+" if device is None else validate_device_id(device)
+        return f"{self.prefix}/{level}/{who}/{kind}"
+
+    def control_request(self) -> str:
+        """Topic operators publish control-plane requests on; every fleet replica reads it."""
+        return f"{self.prefix}/{_CONTROL_LEVEL}/request"
+
+    def control_reply(self, request_id: str) -> str:
+        """Topic a replica answers one control request on."""
+        validate_identifier(request_id, "request id")
+        return f"{self.prefix}/{_CONTROL_LEVEL}/reply/{request_id}"
 
     def status_filter(self) -> str:
         """Subscription filter matching every agent's status topic."""
         return f"{self.prefix}/{_AGENTS_LEVEL}/+/{_STATUS_LEVEL}"
 
     def parse(self, topic: str) -> ParsedTopic:
-        """Take an experiment topic apart; raise ForeignTopicError if it is not one of ours."""
+        """Take an experiment or device topic apart; ForeignTopicError if it is not ours."""
         levels = self._levels_below_prefix(topic)
-        if len(levels) != 2:
-            raise ForeignTopicError(f"topic {topic!r} is not {self.prefix}/<experiment>/<kind>")
-        experiment, kind = levels
+        if len(levels) == 2 and levels[1] in EXPERIMENT_TOPIC_KINDS:
+            experiment, kind = levels
+            device = None
+        elif len(levels) == 3 and levels[2] in DEVICE_TOPIC_KINDS:
+            experiment, device, kind = levels
+        else:
+            raise ForeignTopicError(
+                f"topic {topic!r} is not {self.prefix}/<experiment>/<device>/<kind> "
+                f"(kind one of {DEVICE_TOPIC_KINDS}) nor {self.prefix}/<experiment>/deadletter"
+            )
         try:
             validate_experiment_id(experiment)
+            if device is not None:
+                validate_device_id(device)
         except InvalidIdentifierError as error:
             raise ForeignTopicError(f"topic {topic!r}: {error}") from None
-        if kind not in EXPERIMENT_TOPIC_KINDS:
-            raise ForeignTopicError(f"topic {topic!r}: unknown kind {kind!r}")
-        return ParsedTopic(experiment, kind)
+        return ParsedTopic(experiment, kind, device)  # type: ignore[arg-type]
 
     def parse_status(self, topic: str) -> str:
         """Return the agent id of a status topic; raise ForeignTopicError otherwise."""
@@ -171,5 +223,5 @@ class Topics:
 
 
 def _validate_kind(kind: str) -> None:
-    if kind not in EXPERIMENT_TOPIC_KINDS:
-        raise TopicError(f"unknown topic kind {kind!r}; expected one of {EXPERIMENT_TOPIC_KINDS}")
+    if kind not in DEVICE_TOPIC_KINDS:
+        raise TopicError(f"unknown topic kind {kind!r}; expected one of {DEVICE_TOPIC_KINDS}")

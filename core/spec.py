@@ -25,6 +25,8 @@ from core.plain_errors import plain_problems, unknown_name
 SPEC_SCHEMA = "cbo-agent/experiment"
 SPEC_VERSION = 1
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+_DEVICE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an MQTT topic level: connectors.topics' rule
+DEFAULT_DEVICE_PREFIX = "sim-"  # with no `devices`, the one device is `cbo-agent sim`'s default
 
 
 class _Strict(BaseModel):
@@ -105,6 +107,116 @@ class ActionSpec(_Strict):
     )
 
     _bounds = field_validator("bounds")(_check_bounds)
+
+
+MAX_PARAMETERS = 1000
+
+
+class ParametersSpec(_Strict):
+    """A parameter vector θ of dimension D (paper 000): the parameters of a controller the
+    devices run, one round being one episode with θ.
+
+    It stands for D soft actions named `{name}.0` … `{name}.{D-1}` (added to `actions` when the
+    spec is read, so every policy, the ledger and recovery see them as actions), published
+    together in one action message (docs/protocol.md, `vectors`). A round that sets θ costs
+    `cost` once, whatever its values.
+    """
+
+    name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,47}$",
+        description="The vector's name; its coordinates are the actions `{name}.0` … "
+        "`{name}.{D-1}`.",
+    )
+    dimension: int = Field(
+        ge=1, le=MAX_PARAMETERS, description=f"D, the number of parameters (1 to {MAX_PARAMETERS})."
+    )
+    bounds: tuple[float, float] = Field(
+        description="`[low, high]` of every coordinate (see `coordinate_bounds` for per-"
+        "coordinate ones)."
+    )
+    coordinate_bounds: list[tuple[float, float]] | None = Field(
+        default=None,
+        description="Optional, one `[low, high]` per coordinate, overriding `bounds`.",
+    )
+    targets: list[str] = Field(
+        min_length=1, description="The nodes whose models take θ as input (usually the reward)."
+    )
+    cost: float = Field(default=1.0, ge=0, description="Cost of one round (one episode).")
+    blocks: dict[str, tuple[int, int]] = Field(
+        default={},
+        description="Optional named blocks of coordinates (the controller's sub-networks), each "
+        "a half-open range `[start, stop)`; they may not overlap. Policies may use them as a "
+        "given decomposition (`addgpucb`).",
+    )
+
+    _bounds = field_validator("bounds")(_check_bounds)
+
+    @field_validator("coordinate_bounds")
+    @classmethod
+    def _each_bounds(cls, value: list[tuple[float, float]] | None):
+        if value is not None:
+            for pair in value:
+                _check_bounds(pair)
+        return value
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ParametersSpec:
+        problems = []
+        if self.coordinate_bounds is not None and len(self.coordinate_bounds) != self.dimension:
+            problems.append(
+                f"coordinate_bounds: one pair per coordinate ({self.dimension}), "
+                f"got {len(self.coordinate_bounds)}"
+            )
+        taken: list[tuple[int, int, str]] = []
+        for block, (start, stop) in self.blocks.items():
+            if not 0 <= start < stop <= self.dimension:
+                problems.append(
+                    f"blocks.{block}: [{start}, {stop}) is not within [0, {self.dimension})"
+                )
+                continue
+            for other_start, other_stop, other in taken:
+                if start < other_stop and other_start < stop:
+                    problems.append(f"blocks.{block}: overlaps block {other!r}")
+            taken.append((start, stop, block))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def coordinate_names(self) -> list[str]:
+        return [f"{self.name}.{i}" for i in range(self.dimension)]
+
+    def coordinate_bound(self, i: int) -> tuple[float, float]:
+        return self.coordinate_bounds[i] if self.coordinate_bounds else self.bounds
+
+
+def _expand_parameters(data: Any) -> Any:
+    """Add the D coordinate actions of a `parameters` section to `actions` (before validation)."""
+    if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
+        return data
+    try:
+        params = ParametersSpec.model_validate(data["parameters"])
+    except ValidationError:
+        return data  # the field's own validation reports it
+    actions = data.get("actions")
+    declared = list(actions) if isinstance(actions, list) else []
+    prefix = f"{params.name}."
+    if any(isinstance(a, dict) and str(a.get("name", "")).startswith(prefix) for a in declared):
+        declared = [
+            a
+            for a in declared
+            if not (isinstance(a, dict) and str(a.get("name", "")).startswith(prefix))
+        ]  # a spec written back (spec.model_dump) already holds them: rebuild them
+    expanded = [
+        {
+            "name": name,
+            "targets": list(params.targets),
+            "bounds": list(params.coordinate_bound(i)),
+            "cost": 0.0,
+        }
+        for i, name in enumerate(params.coordinate_names)
+    ]
+    return {**data, "actions": declared + expanded}
 
 
 class RewardSpec(_Strict):
@@ -347,6 +459,31 @@ class ScheduleSpec(_Strict):
     )
 
 
+class DeviceSpec(_Strict):
+    """A device that serves the experiment: what it may say, under which identity."""
+
+    id: str = Field(
+        pattern=_DEVICE_ID_PATTERN,
+        description="The device's id: its MQTT login (the broker's ACL lets a login publish only "
+        "under `{prefix}/{experiment}/{id}/...`) and the `device_id` of its messages.",
+    )
+    actuator: bool = Field(
+        default=False,
+        description="The device the actions go to (`{prefix}/{experiment}/{id}/action`); only "
+        "its acks count. Exactly one device of an experiment is its actuator.",
+    )
+    nodes: list[str] = Field(
+        default=[],
+        description="The nodes (and reward components) this device may report readings of; a "
+        "reading of any other node from it is rejected (`node_not_bound`).",
+    )
+    oracle: bool = Field(
+        default=False,
+        description="Whether the device may send oracle messages (a simulator's E[y | a] and "
+        "optimum, for true regret); from any other device they are rejected.",
+    )
+
+
 class ExperimentSpec(_Strict):
     """One experiment: graph, actions, reward, constraints, model, policy and schedule."""
 
@@ -369,7 +506,15 @@ class ExperimentSpec(_Strict):
     nodes: list[NodeSpec] = Field(
         min_length=1, description="The causal graph's nodes, each with its parents."
     )
-    actions: list[ActionSpec] = Field(min_length=1, description="What the agent can set.")
+    actions: list[ActionSpec] = Field(
+        default=[],
+        description="What the agent can set (at least one action, or `parameters`).",
+    )
+    parameters: ParametersSpec | None = Field(
+        default=None,
+        description="A parameter vector θ of dimension D (paper 000) that stands for D actions "
+        "`{name}.0` … `{name}.{D-1}`, published in one message. null: none.",
+    )
     target_sets: list[list[str]] | None = Field(
         default=None,
         description="Hard interventions only: the sets of actions allowed together in a round "
@@ -397,17 +542,30 @@ class ExperimentSpec(_Strict):
     schedule: ScheduleSpec = Field(
         default=ScheduleSpec(), description="Round limit, pipelining, timeouts, rate limit."
     )
+    devices: list[DeviceSpec] | None = Field(
+        default=None,
+        description="The devices that serve the experiment, each with what it may say (docs/"
+        "protocol.md, Device identity). null: one device, `sim-{name}` (the id `cbo-agent sim` "
+        "takes by default), the actuator, reporting every node and the oracle.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        return _expand_parameters(data)
 
     @model_validator(mode="after")
     def _check_references(self) -> ExperimentSpec:
         problems = [
+            *self._parameter_problems(),
             *self._graph_problems(),
             *self._action_problems(),
             *self._target_set_problems(),
             *self._candidate_problems(),
             *self._fidelity_problems(),
+            *self._device_problems(),
         ]
         if self.reward.node not in self.node_names:
             problems.append(
@@ -427,6 +585,23 @@ class ExperimentSpec(_Strict):
     @property
     def action_names(self) -> list[str]:
         return [action.name for action in self.actions]
+
+    @property
+    def served_by(self) -> list[DeviceSpec]:
+        """The devices of the experiment: `devices`, or the default simulator device."""
+        if self.devices is not None:
+            return list(self.devices)
+        default_id = f"{DEFAULT_DEVICE_PREFIX}{self.name}"[:64]
+        return [DeviceSpec(id=default_id, actuator=True, nodes=self.node_names, oracle=True)]
+
+    @property
+    def actuator_id(self) -> str:
+        """The id of the device the actions go to (the one actuator)."""
+        return next(device.id for device in self.served_by if device.actuator)
+
+    def device(self, device_id: str) -> DeviceSpec | None:
+        """The declared device of that id, or None."""
+        return next((d for d in self.served_by if d.id == device_id), None)
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[self.node_names.index(name)]
@@ -498,6 +673,31 @@ class ExperimentSpec(_Strict):
                 elif action.targets[0] == self.reward.node:
                     problems.append(f"actions[{i}].targets: the reward node cannot be set")
         return problems
+
+    def _parameter_problems(self) -> list[str]:
+        if not self.actions:
+            return ["actions: declare at least one action (or a `parameters` vector)"]
+        params = self.parameters
+        if params is None:
+            return []
+        problems = []
+        if self.intervention != "soft":
+            problems.append("parameters: a parameter vector is a soft intervention")
+        if self.constraints.max_interventions is not None:
+            problems.append("constraints.max_interventions: every parameter is set each round")
+        if self.candidates is not None:
+            problems.append("candidates: not with a parameter vector")
+        for target in params.targets:
+            if target not in self.node_names:
+                problems.append(
+                    f"parameters.targets: {unknown_name('node', target, self.node_names)}"
+                )
+        return problems
+
+    @property
+    def parameter_vector(self) -> list[str]:
+        """The coordinate actions of `parameters` (empty without one)."""
+        return self.parameters.coordinate_names if self.parameters is not None else []
 
     def _reward_problems(self) -> list[str]:
         reward = self.reward
@@ -634,6 +834,38 @@ class ExperimentSpec(_Strict):
             problems.append("fidelity: no action is left for the parameters θ")
         if self.constraints.max_interventions is not None:
             problems.append("constraints.max_interventions: every action of θ is set each round")
+        return problems
+
+    def _device_problems(self) -> list[str]:
+        if self.devices is None:
+            return []
+        if not self.devices:
+            return ["devices: empty; leave it out for the default simulator device"]
+        problems = []
+        ids = [device.id for device in self.devices]
+        for dup in sorted({i for i in ids if ids.count(i) > 1}):
+            problems.append(f"devices: duplicate device id {dup!r}")
+        actuators = [device.id for device in self.devices if device.actuator]
+        if len(actuators) != 1:
+            problems.append(f"devices: exactly one actuator, got {len(actuators)} {actuators}")
+        for i, device in enumerate(self.devices):
+            for node in device.nodes:
+                if node not in self.node_names:
+                    problems.append(
+                        f"devices[{i}].nodes: {unknown_name('node', node, self.node_names)}"
+                    )
+            if len(set(device.nodes)) != len(device.nodes):
+                problems.append(f"devices[{i}].nodes: a node appears twice")
+        reported = {node for device in self.devices for node in device.nodes}
+        # a decomposed reward is composed by the agent from its components: no device reports it
+        needed = [
+            n for n in self.node_names if not (self.reward.decomposed and n == self.reward.node)
+        ]
+        unreported = [node for node in needed if node not in reported]
+        if unreported:
+            problems.append(
+                f"devices: no device reports {unreported} (a round would never be complete)"
+            )
         return problems
 
     def _candidate_problems(self) -> list[str]:

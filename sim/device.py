@@ -1,11 +1,22 @@
 """Any environment as an MQTT device: the actuators and sensors of one experiment.
 
-The device subscribes to ``{prefix}/{experiment}/action`` (QoS 1) and, for every action:
+The device speaks as itself: it subscribes to ``{prefix}/{experiment}/{device_id}/action``
+(QoS 1), publishes under ``{prefix}/{experiment}/{device_id}/...`` only (so a broker that grants
+each login its own topics, `deploy/mosquitto/acl`, lets it in with its id as user name), and
+for every action:
 
+- with a key (`DeviceSettings.key`), an action that is not signed with it goes to the dead-letter
+  topic ("unsigned", "bad_signature") and is not applied;
 - a payload that does not decode (or names another experiment) goes to
-  ``{prefix}/{experiment}/deadletter`` with the reason code, and the device carries on;
+  ``{prefix}/{experiment}/{device_id}/deadletter`` with the reason code, and the device
+  carries on;
+- an action whose lease ``epoch`` (protocol version 3, a fleet replica's) is older than the
+  newest epoch seen for the experiment is dropped: neither applied nor acknowledged (the
+  replica that sent it has lost the experiment to another);
 - an ``action_id`` it has applied before is acknowledged again with the very same ack and not
-  applied again (no new readings), so a re-published action is harmless;
+  applied again (no new readings), so a re-published action is harmless; when it comes with a
+  newer epoch than before (a replica took the experiment over and may have missed them), the
+  readings already published for it are published again, with their seq;
 - an action past its ``expires_at`` (the agent has given up on it and released its budget) is
   not applied: the ack says "rejected" with reason "expired" (an action without one, protocol
   version 1, never expires);
@@ -40,7 +51,7 @@ import time
 from typing import Any, Final, Self
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from connectors.mqtt import (
     Backoff,
@@ -49,7 +60,17 @@ from connectors.mqtt import (
     MqttConnectionError,
     run_with_reconnect,
 )
-from connectors.schemas import Ack, Action, DeadLetter, DecodeError, MessageModel, decode, encode
+from connectors.schemas import (
+    Ack,
+    Action,
+    DeadLetter,
+    DecodeError,
+    MessageModel,
+    Reading,
+    decode,
+    encode,
+)
+from connectors.signing import MIN_KEY_BYTES, DeviceKeys, SignatureError, sign, unwrap
 from connectors.topics import DEFAULT_PREFIX, Topics, validate_experiment_id, validate_identifier
 from sim._device_plan import Actuator, Noise, Plan, Rejected
 from sim.base import Environment
@@ -79,6 +100,9 @@ class DeviceSettings(BaseModel):
         max_in_flight: applied actions whose readings are still pending; beyond: "busy".
         seq_start: first seq of every node; None: the start time in microseconds.
         remember_actions: how many applied action ids are kept for exactly-once effects.
+        key: the device's HMAC-SHA256 key: every message it publishes is signed
+            (`connectors.signing`), and it takes only actions signed with the key (others
+            are dead-lettered as "unsigned" or "bad_signature"); None: unsigned.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -95,6 +119,14 @@ class DeviceSettings(BaseModel):
     max_in_flight: int = Field(default=64, ge=1)
     seq_start: int | None = Field(default=None, ge=0, le=2**62)
     remember_actions: int = Field(default=100_000, ge=1)
+    key: SecretStr | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
+            raise ValueError(f"the key is shorter than {MIN_KEY_BYTES} bytes")
+        return value
 
     @field_validator("experiment")
     @classmethod
@@ -173,12 +205,19 @@ class SimulatorDevice:
         self._backoff = backoff
         topics = Topics(settings.topic_prefix)
         experiment = settings.experiment
+        # the device's own topics: a broker ACL (deploy/mosquitto/acl) grants its login these
         self._topics = {
-            kind: topics.experiment_topic(experiment, kind)
+            kind: topics.device_topic(experiment, settings.device_id, kind)
             for kind in ("action", "ack", "reading", "oracle", "deadletter")
         }
         self._link = _Link()
         self._acks: collections.OrderedDict[str, Ack] = collections.OrderedDict()
+        # action id -> (the newest epoch it came with, the readings published for it)
+        self._sent: collections.OrderedDict[str, tuple[int | None, list[Reading]]] = (
+            collections.OrderedDict()
+        )
+        self.epoch_seen: int | None = None  # the newest lease epoch of the experiment's actions
+        self.stale_dropped = 0  # actions dropped for an epoch older than `epoch_seen`
         self._in_flight: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._actuator: Actuator | None = None
@@ -229,6 +268,14 @@ class SimulatorDevice:
 
     # ------------------------------------------------------------------------------ actions
     def _on_message(self, topic: str, payload: bytes) -> None:
+        key = self.settings.key
+        if key is not None:  # with a key, only actions the agent signed with it
+            keys = DeviceKeys({self.settings.device_id: key.get_secret_value().encode()})
+            try:
+                payload = unwrap(payload, self.settings.device_id, keys)
+            except SignatureError as error:
+                self._dead_letter(topic, payload, error.reason, error.detail)
+                return
         try:
             action = decode(payload, Action)
         except DecodeError as error:
@@ -238,17 +285,20 @@ class SimulatorDevice:
             detail = f"action for experiment {action.experiment!r} on {topic!r}"
             self._dead_letter(topic, payload, WRONG_EXPERIMENT, detail)
             return
-        alog = self._log.bind(round=action.round, action_id=action.action_id)
+        alog = self._log.bind(round=action.round, action_id=action.action_id, epoch=action.epoch)
         alog.info(
             "device.action_received",
             attempt=action.attempt,
             kind=action.kind,
             intervention=action.intervention,
         )
+        if self._stale_epoch(action, alog):
+            return
         known = self._acks.get(action.action_id)
         if known is not None:
             alog.info("device.action_duplicate", attempt=action.attempt, status=known.status)
             self._spawn(self._publish("ack", known, alog, "device.ack_published", again=True))
+            self._resend_for_new_owner(action, alog)
             return
         if action.expired(time.time()):
             self._reject(action, EXPIRED_REASON, alog)
@@ -262,9 +312,48 @@ class SimulatorDevice:
             self._reject(action, str(rejected), alog)
             return
         self._remember(plan.ack)
+        self._sent[plan.ack.action_id] = (action.epoch, [])
+        while len(self._sent) > self.settings.remember_actions:
+            self._sent.popitem(last=False)
         task = self._spawn(self._deliver(plan, asyncio.get_running_loop().time(), alog))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
+
+    def _stale_epoch(self, action: Action, alog: Any) -> bool:
+        """Fencing: drop an action whose lease epoch is older than one seen for the experiment
+        (a replica that lost its lease and does not know it yet). Nothing is applied or acked."""
+        if action.epoch is None:
+            return False
+        if self.epoch_seen is not None and action.epoch < self.epoch_seen:
+            self.stale_dropped += 1
+            alog.warning("device.action_stale_epoch", epoch=action.epoch, seen=self.epoch_seen)
+            return True
+        self.epoch_seen = action.epoch
+        return False
+
+    def _resend_for_new_owner(self, action: Action, alog: Any) -> None:
+        """A known action re-published under a newer epoch comes from a replica that took the
+        experiment over and may have missed what was sent to the one before: send the readings
+        already published again (same seq: the agent drops what it has)."""
+        if action.epoch is None:
+            return
+        held = self._sent.get(action.action_id)
+        if held is None or (held[0] is not None and held[0] >= action.epoch):
+            return
+        readings = held[1]
+        self._sent[action.action_id] = (action.epoch, readings)
+        alog.info("device.readings_resent", epoch=action.epoch, readings=len(readings))
+        for reading in list(readings):
+            self._spawn(
+                self._publish(
+                    "reading",
+                    reading,
+                    alog,
+                    "device.reading_published",
+                    again=True,
+                    seq=reading.seq,
+                )
+            )
 
     def _apply(self, action: Action) -> Plan:
         assert self._actuator is not None
@@ -314,6 +403,9 @@ class SimulatorDevice:
                 alog.info("device.reading_dropped", node=planned.node, seq=planned.seq)
                 continue
             reading = planned.message(ack.experiment, ack.round, ack.device_id)
+            held = self._sent.get(ack.action_id)
+            if held is not None:
+                held[1].append(reading)
             for copy in range(planned.copies):
                 await self._publish(
                     "reading",
@@ -331,6 +423,9 @@ class SimulatorDevice:
     ) -> None:
         """Publish at QoS 1; after a broken link, again on the next connection."""
         topic, payload = self._topics[kind], encode(message)
+        key = self.settings.key
+        if key is not None:
+            payload = sign(payload, self.settings.device_id, key.get_secret_value().encode())
         failed: MqttConnection | None = None
         while True:
             try:

@@ -119,7 +119,7 @@ async def test_service_runs_rounds_through_mosquitto(mosquitto, tmp_path):
     label = (("experiment", "svc"),)
     assert scraped[("cbo_rounds_total", label)] >= 1
     assert ("cbo_cumulative_regret", label) in scraped
-    assert scraped[("cbo_regret_upper_estimate", label)] >= 0
+    assert scraped[("cbo_regret_model_estimate", label)] >= 0
     assert (
         scraped[
             (
@@ -168,7 +168,7 @@ async def test_bad_input_is_rejected_and_the_agent_keeps_going(mosquitto, tmp_pa
                         node="X0",
                         value=1.0,
                         seq=1,
-                        device_id="v",
+                        device_id="sim-bad",
                         at=0.0,
                     )
                 ),
@@ -179,13 +179,13 @@ async def test_bad_input_is_rejected_and_the_agent_keeps_going(mosquitto, tmp_pa
                         node="nope",
                         value=1.0,
                         seq=2,
-                        device_id="v",
+                        device_id="sim-bad",
                         at=0.0,
                     )
                 ),
             ]
             for payload in garbage:
-                await mqtt.publish(topics.reading("bad"), payload)
+                await mqtt.publish(topics.reading("bad", "sim-bad"), payload)  # the device (no ACL)
             async for message in mqtt.messages():
                 letters.append(message.payload)
                 if len(letters) == len(garbage):

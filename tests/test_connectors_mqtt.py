@@ -85,15 +85,15 @@ async def test_qos1_publish_subscribe_round_trip(mosquitto: MosquittoBroker, pro
     config = config_for(mosquitto.port, protocol=protocol)
     async with MqttConnection(config) as subscriber, MqttConnection(config) as publisher:
         assert subscriber.protocol == ("5" if protocol == "auto" else protocol)
-        await subscriber.subscribe(topics.experiment_filter("reading"), qos=1)
+        await subscriber.subscribe(topics.device_filter("reading"), qos=1)
         sent = [reading(round_) for round_ in range(3)]
         for message in sent:
-            await publisher.publish_message(topics.reading("exp1"), message, qos=1)
+            await publisher.publish_message(topics.reading("exp1", "s1"), message, qos=1)
         incoming = subscriber.messages()
         received = [await next_message(incoming) for _ in sent]
     assert [decode(message.payload, Reading) for message in received] == sent
     assert {(message.topic, message.qos, message.retain) for message in received} == {
-        ("cbo/exp1/reading", 1, False)
+        ("cbo/exp1/s1/reading", 1, False)
     }
 
 
@@ -230,9 +230,9 @@ async def test_a_persistent_session_keeps_subscriptions_and_queued_messages(
         session_expiry_s=60,
     )
     async with MqttConnection(persistent) as agent:
-        await agent.subscribe(topics.reading("exp1"), qos=1)
+        await agent.subscribe(topics.reading("exp1", "s1"), qos=1)
     # While the agent is away, the broker queues QoS 1 messages for its session.
-    await publish_once(mosquitto.port, topics.reading("exp1"), encode(reading(5)))
+    await publish_once(mosquitto.port, topics.reading("exp1", "s1"), encode(reading(5)))
     async with MqttConnection(persistent) as agent:  # no subscribe this time
         queued = await next_message(agent.messages())
     assert decode(queued.payload) == reading(5)
@@ -248,8 +248,8 @@ async def test_tls_with_the_test_ca_and_only_with_it(mosquitto_factory, tmp_path
     url = f"mqtts://127.0.0.1:{broker.tls_port}"
     trusted = BrokerConfig.from_url(url, ca_file=str(pki.ca_file), timeout_s=5.0)
     async with MqttConnection(trusted) as secure:
-        await secure.subscribe(topics.reading("exp1"))
-        await secure.publish_message(topics.reading("exp1"), reading(3))
+        await secure.subscribe(topics.reading("exp1", "s1"))
+        await secure.publish_message(topics.reading("exp1", "s1"), reading(3))
         assert decode((await next_message(secure.messages())).payload) == reading(3)
     # The system trust store does not know the test CA: the handshake fails, no fallback.
     untrusted = BrokerConfig.from_url(url, timeout_s=5.0)
@@ -293,8 +293,8 @@ async def test_auto_falls_back_to_311_on_a_311_only_broker(with_will: bool) -> N
         ):
             connect_s = time.monotonic() - started
             assert (agent.protocol, sensor.protocol) == ("3.1.1", "3.1.1")
-            await agent.subscribe(topics.reading("exp1"))
-            await sensor.publish_message(topics.reading("exp1"), reading(7))
+            await agent.subscribe(topics.reading("exp1", "s1"))
+            await sensor.publish_message(topics.reading("exp1", "s1"), reading(7))
             received = await next_message(agent.messages())
     assert decode(received.payload, Reading) == reading(7)
     assert connect_s < 3.0
@@ -319,7 +319,7 @@ async def test_messages_flow_again_after_the_broker_restarts(mosquitto: Mosquitt
     received: asyncio.Queue[IncomingMessage] = asyncio.Queue()
 
     async def session(connection: MqttConnection) -> None:
-        await connection.subscribe(topics.experiment_filter("reading"))
+        await connection.subscribe(topics.device_filter("reading"))
         await connections.put(connection.client_id)
         async for message in connection.messages():
             await received.put(message)
@@ -333,13 +333,13 @@ async def test_messages_flow_again_after_the_broker_restarts(mosquitto: Mosquitt
     try:
         async with asyncio.timeout(WAIT_S):
             first_client_id = await connections.get()
-            await publish_once(mosquitto.port, topics.reading("exp1"), encode(reading(1)))
+            await publish_once(mosquitto.port, topics.reading("exp1", "s1"), encode(reading(1)))
             assert decode((await received.get()).payload) == reading(1)
 
             await asyncio.to_thread(mosquitto.restart)  # retained state is gone with it
 
             assert await connections.get() == first_client_id  # same identity, new session
-            await publish_once(mosquitto.port, topics.reading("exp1"), encode(reading(2)))
+            await publish_once(mosquitto.port, topics.reading("exp1", "s1"), encode(reading(2)))
             assert decode((await received.get()).payload) == reading(2)
             assert (await retained_status(mosquitto.port, "agent-r")).state == "online"
     finally:
@@ -492,3 +492,61 @@ def test_generated_client_ids_are_stable_once_set() -> None:
     assert config.client_id is not None and config.client_id.startswith("cbo-")
     assert config.with_client_id() is config
     assert BrokerConfig().with_client_id().client_id != config.client_id
+
+
+# ---------------------------------------------------------------------------------------------
+# manual acknowledgement: aiomqtt's private paho client (pinned range, see pyproject.toml)
+
+
+async def test_installed_aiomqtt_keeps_the_paho_client_manual_acks_need() -> None:
+    """Fails loudly when an aiomqtt outside the pinned range moves its private `_client`."""
+    import aiomqtt
+    import paho.mqtt.client as paho
+    from packaging.requirements import Requirement
+
+    from connectors.mqtt import paho_client
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    line = next(x for x in pyproject.splitlines() if x.strip().startswith('"aiomqtt'))
+    assert Requirement(line.strip().strip(",").strip('"')).specifier.contains(aiomqtt.__version__)
+    inner = paho_client(aiomqtt.Client("127.0.0.1"))
+    assert isinstance(inner, paho.Client)
+    assert callable(inner.ack) and callable(inner.manual_ack_set)
+
+
+def test_paho_client_says_which_aiomqtt_lacks_it() -> None:
+    from connectors.mqtt import paho_client
+
+    with pytest.raises(RuntimeError, match="keeps no paho client"):
+        paho_client(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+async def test_a_message_not_acknowledged_is_redelivered_and_an_acknowledged_one_is_not(
+    mosquitto: MosquittoBroker,
+) -> None:
+    """With manual acks and a persistent session, only what was acked is gone after a reconnect."""
+    session = config_for(
+        mosquitto.port,
+        protocol="5",
+        client_id="manual-ack-test",
+        clean_start=False,
+        session_expiry_s=60,
+        manual_ack=True,
+    )
+    topic = topics.reading("exp1")
+    async with MqttConnection(session) as subscriber:
+        await subscriber.subscribe(topics.experiment_filter("reading"), qos=1)
+    sent = [reading(0), reading(1)]
+    async with MqttConnection(config_for(mosquitto.port)) as publisher:
+        for message in sent:
+            await publisher.publish_message(topic, message, qos=1)
+    async with MqttConnection(session) as subscriber:
+        incoming = subscriber.messages()
+        first, second = await next_message(incoming), await next_message(incoming)
+        assert subscriber.ack(first)  # the second is received and never acknowledged
+        await asyncio.sleep(0.2)  # the PUBACK leaves before the connection closes
+    async with MqttConnection(session) as subscriber:
+        again = await next_message(subscriber.messages())
+    assert decode(again.payload, Reading) == decode(second.payload, Reading)
+    assert decode(first.payload, Reading) != decode(second.payload, Reading)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,9 @@ from connectors.schemas import (
     decode,
     encode,
 )
+from connectors.signing import DeviceKeys, unwrap
 from connectors.topics import (
+    DEVICE_TOPIC_KINDS,
     EXPERIMENT_TOPIC_KINDS,
     ForeignTopicError,
     InvalidIdentifierError,
@@ -154,8 +158,9 @@ def test_encoded_payload_is_compact_strict_json_led_by_the_envelope(message: Mes
     document = json.loads(payload, parse_constant=_no_constants)
     assert list(document)[:2] == ["schema", "version"]
     assert document["schema"] == message.SCHEMA
-    # version 1 everywhere, but an action with an expiry is version 2
+    # version 1 everywhere, but an action with an expiry is version 2, with an epoch 3
     expected = 2 if getattr(message, "expires_at", None) is not None else 1
+    expected = 3 if getattr(message, "epoch", None) is not None else expected
     assert document["version"] == expected == message.wire()[0]
     assert payload == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -172,6 +177,8 @@ def test_schema_names_are_the_documented_ones() -> None:
         "cbo.oracle",
         "cbo.status",
         "cbo.deadletter",
+        "cbo.control",
+        "cbo.control_reply",
     }
 
 
@@ -202,9 +209,61 @@ def test_actions_are_read_in_version_1_and_2_and_each_version_has_its_fields() -
     without = {k: v for k, v in document.items() if k != "expires_at"}
     assert reason_of(dumps(without)) == "invalid"  # required in version 2
     assert reason_of(dumps({**document, "expires_at": None})) == "invalid"
-    assert reason_of(dumps({**document, "version": 3})) == "unsupported_version"
+    assert reason_of(dumps({**document, "version": 3})) == "invalid"  # v3 needs an epoch
+    assert reason_of(dumps({**document, "version": 4})) == "invalid"  # v4 carries vectors
+    assert reason_of(dumps({**document, "version": 5})) == "unsupported_version"
     reading = Reading(experiment="e", round=0, node="Y", value=1.0, seq=0, device_id="d", at=0.0)
     assert reason_of(dumps({**document_of(reading), "version": 3})) == "unsupported_version"
+
+
+def test_an_action_of_a_fleet_replica_carries_its_lease_epoch_in_version_3() -> None:
+    action = Action.issue("exp", 3, {"x": 1.0}, at=100.0, expires_at=140.0).with_epoch(7)
+    document = document_of(action)
+    assert (document["version"], document["epoch"]) == (3, 7)
+    assert decode(encode(action), Action) == action
+    v2 = {k: v for k, v in document.items() if k != "epoch"} | {"version": 2}
+    assert decode(dumps(v2), Action).epoch is None  # a single agent's action: no epoch
+    assert reason_of(dumps({**v2, "epoch": 7})) == "invalid"  # not a field of version 2
+    assert reason_of(dumps({**document, "epoch": -1})) == "invalid"
+    no_expiry = {k: v for k, v in document.items() if k != "expires_at"}
+    assert reason_of(dumps(no_expiry)) == "invalid"  # an epoch goes with an expiry
+
+
+def test_a_parameter_vector_travels_packed_in_version_4_and_reads_back_exactly() -> None:
+    theta = {f"theta.{i}": (-1.0) ** i * i / 7.0 for i in range(300)}
+    action = Action.issue(
+        "exp", 3, {"x": 0.5, **theta}, "soft", at=100.0, expires_at=140.0, vectors=("theta",)
+    )
+    document = document_of(action)
+    assert document["version"] == 4 and document["intervention"] == {"x": 0.5}
+    assert "epoch" not in document  # a single agent's action
+    fenced = document_of(action.with_epoch(5))
+    assert (fenced["version"], fenced["epoch"]) == (4, 5)
+    assert decode(encode(action.with_epoch(5)), Action) == action.with_epoch(5)
+    packed = document["vectors"]["theta"]
+    assert (packed["dtype"], packed["shape"]) == ("float64", [300])
+    assert base64.b64decode(packed["data"]) == struct.pack("<300d", *theta.values())
+    assert decode(encode(action), Action) == action  # every coordinate, bit for bit
+    assert len(encode(action)) < len(encode(action.model_copy(update={"vectors": ()}))) / 2
+    single = {
+        **packed,
+        "dtype": "float32",
+        "data": base64.b64encode(struct.pack("<300f", *theta.values())).decode(),
+    }
+    read = decode(dumps({**document, "vectors": {"theta": single}}), Action)
+    assert read.intervention["theta.1"] == struct.unpack("<f", struct.pack("<f", -1 / 7))[0]
+    for bad in (
+        {**packed, "shape": [299]},  # data of 300
+        {**packed, "dtype": "int8"},
+        {**packed, "data": "not base64!"},
+        {**packed, "data": base64.b64encode(struct.pack("<1d", math.inf)).decode(), "shape": [1]},
+        {"dtype": "float64", "shape": [300]},
+    ):
+        assert reason_of(dumps({**document, "vectors": {"theta": bad}})) == "invalid"
+    clash = {**document, "intervention": {"theta.0": 1.0}}
+    assert reason_of(dumps(clash)) == "invalid"  # a coordinate twice
+    assert reason_of(dumps({**document, "version": 2})) == "invalid"  # vectors need version 4
+    assert reason_of(dumps({**document, "version": 3, "epoch": 1})) == "invalid"
 
 
 def test_issued_actions_get_distinct_ids() -> None:
@@ -442,18 +501,32 @@ def test_non_finite_values_cannot_be_built_either() -> None:
 # topics
 
 prefixes = st.lists(identifiers, min_size=1, max_size=3).map("/".join)
-kinds = st.sampled_from(EXPERIMENT_TOPIC_KINDS)
+kinds = st.sampled_from(DEVICE_TOPIC_KINDS)
 
 
-@given(prefixes, experiment_ids, kinds)
-def test_experiment_topics_parse_back(prefix: str, experiment: str, kind: str) -> None:
+@given(prefixes, experiment_ids, identifiers, kinds)
+def test_device_topics_parse_back(prefix: str, experiment: str, device: str, kind: str) -> None:
     topics = Topics(prefix)
-    topic = topics.experiment_topic(experiment, kind)  # type: ignore[arg-type]
-    assert topic == f"{prefix}/{experiment}/{kind}"
-    assert topics.parse(topic) == ParsedTopic(experiment, kind)  # type: ignore[arg-type]
-    assert getattr(topics, kind)(experiment) == topic
-    assert topic_matches_sub(topics.experiment_filter(kind), topic)  # type: ignore[arg-type]
-    assert topic_matches_sub(topics.experiment_filter(kind, experiment), topic)  # type: ignore[arg-type]
+    topic = topics.device_topic(experiment, device, kind)  # type: ignore[arg-type]
+    assert topic == f"{prefix}/{experiment}/{device}/{kind}"
+    assert topics.parse(topic) == ParsedTopic(experiment, kind, device)  # type: ignore[arg-type]
+    if kind != "deadletter":
+        assert getattr(topics, kind)(experiment, device) == topic
+    assert topic_matches_sub(topics.device_filter(kind), topic)  # type: ignore[arg-type]
+    assert topic_matches_sub(topics.device_filter(kind, experiment), topic)  # type: ignore[arg-type]
+    assert topic_matches_sub(topics.device_filter(kind, experiment, device), topic)  # type: ignore[arg-type]
+    assert not topic_matches_sub(topics.device_filter(kind, experiment, device + "x"), topic)  # type: ignore[arg-type]
+
+
+@given(prefixes, experiment_ids)
+def test_the_agents_dead_letter_topic_parses_back(prefix: str, experiment: str) -> None:
+    topics = Topics(prefix)
+    topic = topics.deadletter(experiment)
+    assert topic == f"{prefix}/{experiment}/deadletter"
+    assert topics.parse(topic) == ParsedTopic(experiment, "deadletter")
+    for kind in set(DEVICE_TOPIC_KINDS) - set(EXPERIMENT_TOPIC_KINDS):
+        with pytest.raises(ForeignTopicError):  # the old layout, without a device level
+            topics.parse(f"{prefix}/{experiment}/{kind}")
 
 
 @given(prefixes, identifiers)
@@ -473,19 +546,29 @@ def test_any_topic_either_parses_to_itself_or_is_foreign(topic: str) -> None:
         parsed = topics.parse(topic)
     except ForeignTopicError:
         return
-    assert topics.experiment_topic(parsed.experiment, parsed.kind) == topic
+    if parsed.device is None:
+        assert topics.experiment_topic(parsed.experiment, parsed.kind) == topic  # type: ignore[arg-type]
+    else:
+        assert topics.device_topic(parsed.experiment, parsed.device, parsed.kind) == topic
 
 
 @given(experiment_ids, kinds, st.sampled_from(["other", "cbo/x", "cb", "cbox"]))
 def test_topics_under_another_prefix_are_foreign(experiment: str, kind: str, prefix: str) -> None:
     with pytest.raises(ForeignTopicError):
-        Topics().parse(f"{prefix}/{experiment}/{kind}")
+        Topics().parse(f"{prefix}/{experiment}/dev/{kind}")
 
 
 @pytest.mark.parametrize(
     "topic",
     [
         "cbo/exp/reading/extra",
+        "cbo/exp/dev/reading/extra",
+        "cbo/exp/reading",
+        "cbo/exp/+/reading",
+        "cbo/+/dev/ack",
+        "cbo/exp/d+v/ack",
+        "cbo/agents/dev/reading",
+        "cbo/exp/dev/status",
         "cbo/exp",
         "cbo/exp/unknown",
         "cbo//reading",
@@ -513,7 +596,9 @@ bad_ids = st.one_of(
 @given(bad_ids, kinds)
 def test_bad_experiment_ids_are_refused_when_building(experiment: str, kind: str) -> None:
     with pytest.raises(InvalidIdentifierError):
-        Topics().experiment_topic(experiment, kind)  # type: ignore[arg-type]
+        Topics().device_topic(experiment, "dev", kind)  # type: ignore[arg-type]
+    with pytest.raises(InvalidIdentifierError):
+        Topics().deadletter(experiment)
     with pytest.raises(InvalidIdentifierError):
         validate_experiment_id(experiment)
 
@@ -538,7 +623,12 @@ PROTOCOL_DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 def test_every_json_example_in_the_protocol_document_decodes() -> None:
     examples = re.findall(r"```json\n(.*?)```", PROTOCOL_DOC.read_text(), flags=re.DOTALL)
-    decoded = [decode(example.encode()) for example in examples]
+    keys = DeviceKeys.parse("sensor-7 example-key-0123456789abcdef", "the example key")
+    signed = [e.encode() for e in examples if '"cbo.signed"' in e]
+    assert len(signed) == 1  # the signature example, verified under the documented key
+    opened = unwrap(signed[0], "sensor-7", keys)
+    assert opened != signed[0] and decode(opened).SCHEMA == "cbo.reading"
+    decoded = [decode(example.encode()) for example in examples if '"cbo.signed"' not in example]
     assert {message.SCHEMA for message in decoded} == set(MESSAGE_TYPES)
 
 

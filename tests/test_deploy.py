@@ -150,6 +150,7 @@ def exported_series() -> tuple[set[str], set[str]]:
     metrics.observe_policy("e", 0.01)
     metrics.proposal_rejected("e", "budget_per_round")
     metrics.device_overspend("e", "ack_after_expiry")
+    metrics.untrusted("e", "ack", "not_actuator")
     metrics.policy_failed("e", "mcbo", "RuntimeError")
     metrics.set_finished("e", False)
     metrics.observe_round_wait("e", 0.1)
@@ -241,7 +242,8 @@ def mosquitto_conf() -> dict[str, str]:
 
 
 def acl_users() -> dict[str, list[tuple[str, str]]]:
-    """User -> [(access, topic)] from the compose stack's ACL file."""
+    """User -> [(access, topic)] from the compose stack's ACL file; "%u" holds the patterns,
+    which apply to every user with %u standing for the user name."""
     users: dict[str, list[tuple[str, str]]] = {}
     current = None
     for line in (MOSQUITTO_DIR / "acl").read_text().splitlines():
@@ -251,6 +253,9 @@ def acl_users() -> dict[str, list[tuple[str, str]]]:
         if words[0] == "user":
             current = words[1]
             users[current] = []
+        elif words[0] == "pattern":
+            access, topic = (words[1], words[2]) if len(words) == 3 else ("readwrite", words[1])
+            users.setdefault("%u", []).append((access, topic))
         elif words[0] == "topic":
             assert current is not None, f"ACL topic line before any user: {line!r}"
             access, topic = (words[1], words[2]) if len(words) == 3 else ("readwrite", words[1])
@@ -259,7 +264,8 @@ def acl_users() -> dict[str, list[tuple[str, str]]]:
 
 
 def passwd_users() -> list[str]:
-    return re.findall(r'mosquitto_passwd -b "\$tmp" (\S+) ', MAKE_PASSWD.read_text())
+    """The users make-passwd.sh writes by name (devices come from the environment)."""
+    return re.findall(r'mosquitto_passwd -b "\$tmp" ([a-z]+) ', MAKE_PASSWD.read_text())
 
 
 def dockerfile() -> str:
@@ -491,7 +497,7 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
                 return title
         raise AssertionError(f"no panel queries all of {needles}")
 
-    panel_with("cbo_cumulative_regret", "cbo_regret_upper_estimate")
+    panel_with("cbo_cumulative_regret", "cbo_regret_model_estimate")
     panel_with("cbo_simple_regret")
     panel_with("cbo_reward_last", "cbo_reward_best")
     panel_with("cbo_budget_spent", "cbo_budget_remaining")
@@ -633,7 +639,10 @@ def test_compose_agent_and_simulator_serve_the_same_experiment() -> None:
     assert flags["--experiment"] == spec.name
     broker = BrokerConfig.from_url(flags["--broker"])
     assert broker.host in compose()["services"]
-    assert broker.username in acl_users() and broker.username != "agent"
+    # the simulator logs in as its device id, the spec's device, which the ACL's patterns grant
+    assert broker.username == flags["--device-id"] == spec.actuator_id
+    assert broker.username == service("mosquitto-init")["environment"]["MQTT_DEVICE_USER"]
+    assert broker.username not in acl_users() and "%u" in acl_users()
     assert sim["healthcheck"] == {"disable": True}
 
 
@@ -657,7 +666,7 @@ def test_compose_mosquitto_files_and_users_line_up() -> None:
     assert service("mosquitto")["depends_on"]["mosquitto-init"] == {
         "condition": "service_completed_successfully"
     }
-    assert set(passwd_users()) == set(acl_users())
+    assert set(passwd_users()) == set(acl_users()) - {"%u"}
     # the agent and the init container take the agent's password from the same variable
     raw_agent = service("agent")["environment"]["CBO_BROKER_PASSWORD"]
     assert raw_agent == init["environment"]["MQTT_AGENT_PASSWORD"]
@@ -667,12 +676,20 @@ def test_compose_mosquitto_files_and_users_line_up() -> None:
 
 def test_acl_grants_what_the_protocol_needs() -> None:
     users = acl_users()
-    assert ("read", "cbo/+/reading") in users["agent"]
-    assert ("write", "cbo/+/action") in users["agent"]
+    assert ("read", "cbo/+/+/reading") in users["agent"]
+    assert ("write", "cbo/+/+/action") in users["agent"]
+    assert ("write", "cbo/+/deadletter") in users["agent"]
     assert ("readwrite", "cbo/agents/+/status") in users["agent"]
-    assert ("read", "cbo/+/action") in users["device"]
-    assert ("write", "cbo/+/reading") in users["device"]
+    # a device speaks only under its own id (the patterns' %u is the login's user name)
+    assert set(users["%u"]) == {
+        ("read", "cbo/+/%u/action"),
+        *{("write", f"cbo/+/%u/{kind}") for kind in ("ack", "reading", "oracle", "deadletter")},
+    }
     assert all(access == "read" for access, _ in users["monitor"])
+    assert ("read", "cbo/control/request") in users["agent"]
+    assert ("write", "cbo/control/reply/+") in users["agent"]
+    assert ("write", "cbo/control/request") in users["operator"]
+    assert ("read", "cbo/control/reply/+") in users["operator"]
 
 
 # ---------------------------------------------------------------------------- Dockerfile
@@ -801,20 +818,38 @@ def test_make_passwd_writes_hashed_users(tmp_path: Path) -> None:
     if shutil.which("mosquitto_passwd") is None:
         pytest.skip("mosquitto_passwd is not installed (Debian: mosquitto)")
     passwd = tmp_path / "passwd"
+    devices = tmp_path / "devices"
+    devices.write_text("# more devices\nsensor-7 s7-secret\n\nvalve.2 v2-secret\n")
     env = {
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": "a-secret",
+        "MQTT_DEVICE_USER": "sim-dropwave",
         "MQTT_DEVICE_PASSWORD": "d-secret",
         "MQTT_MONITOR_PASSWORD": "m-secret",
+        "MQTT_DEVICES_FILE": str(devices),
+        "MQTT_OPERATOR_PASSWORD": "o-secret",
     }
     result = run(["sh", str(MAKE_PASSWD), str(passwd)], env=env)
     assert result.returncode == 0, result.stderr
     lines = passwd.read_text().splitlines()
-    assert [line.split(":")[0] for line in lines] == passwd_users()
+    assert [line.split(":")[0] for line in lines] == [
+        *passwd_users(),
+        "sim-dropwave",
+        "sensor-7",
+        "valve.2",
+    ]
     assert "secret" not in passwd.read_text()
     assert passwd.stat().st_mode & 0o077 == 0
     missing = run(["sh", str(MAKE_PASSWD), str(tmp_path / "x")], env={"PATH": os.environ["PATH"]})
     assert missing.returncode != 0 and "MQTT_AGENT_PASSWORD" in missing.stderr
+    # a device may not take another user's name (the ACL's patterns apply to every user), nor
+    # one that is no topic level
+    for bad in ("monitor", "a/b", "+"):
+        refused = run(
+            ["sh", str(MAKE_PASSWD), str(tmp_path / "y")], env=env | {"MQTT_DEVICE_USER": bad}
+        )
+        assert refused.returncode == 2 and bad in refused.stderr, bad
+        assert not (tmp_path / "y").exists()
 
 
 # ---------------------------------------------------------------------------- Kubernetes

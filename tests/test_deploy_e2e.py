@@ -249,11 +249,18 @@ def prometheus_config(path: Path, metrics_port: int) -> Path:
     return path
 
 
+DEVICE = f"sim-{EXPERIMENT}"  # the spec's default device: the simulator's id and login
+
+
 def make_passwords(directory: Path) -> tuple[Path, dict[str, str]]:
-    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", "device", "monitor")}
+    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", DEVICE, "monitor")}
     passwd = directory / "passwd"
-    env = {"PATH": os.environ["PATH"]} | {
-        f"MQTT_{user.upper()}_PASSWORD": password for user, password in passwords.items()
+    env = {
+        "PATH": os.environ["PATH"],
+        "MQTT_AGENT_PASSWORD": passwords["agent"],
+        "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_DEVICE_USER": DEVICE,
+        "MQTT_DEVICE_PASSWORD": passwords[DEVICE],
     }
     subprocess.run(["sh", str(MAKE_PASSWD), str(passwd)], env=env, check=True, timeout=30)
     return passwd, passwords
@@ -264,7 +271,7 @@ def publish_bad_reading(port: int, username: str, password: str) -> None:
     from paho.mqtt import publish
 
     publish.single(
-        f"cbo/{EXPERIMENT}/reading",
+        f"cbo/{EXPERIMENT}/{username}/reading",
         b'{"schema": "cbo.reading", "version": 1}',
         qos=1,
         hostname=HOST,
@@ -304,7 +311,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_fac
         "CBO_METRICS_HOST": HOST,
         "CBO_LOG_FORMAT": "json",
     }
-    device_url = f"mqtt://device:{passwords['device']}@{HOST}:{broker.port}"
+    device_url = f"mqtt://{DEVICE}:{passwords[DEVICE]}@{HOST}:{broker.port}"
 
     with processes() as start:
         sim = start(
@@ -340,7 +347,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_rule(mosquitto_fac
             agent,
             sim,
         )
-        publish_bad_reading(broker.port, "device", passwords["device"])
+        publish_bad_reading(broker.port, DEVICE, passwords[DEVICE])
 
         # The image's HEALTHCHECK command, run as written against the live agent.
         check = healthcheck_command()

@@ -79,7 +79,8 @@ def finish(cluster: Cluster, marks: dict[str, float]) -> Outcome:
 def test_kill_9_and_broker_restarts_lose_nothing_and_never_overspend(tmp_path: Path) -> None:
     """3 SIGKILLs of the agent (a random moment, right after round.proposed, right after
     round.published), 2 broker restarts (SIGKILL, then SIGTERM), 1 cut of the agent's
-    connection, 10 rounds."""
+    connection, 10 rounds; beside the real device a forging device and a flooding one (1,000
+    invalid messages), on a broker with the shipped ACL."""
     options = ChaosOptions(
         kills=3,
         broker_restarts=2,
@@ -89,10 +90,13 @@ def test_kill_9_and_broker_restarts_lose_nothing_and_never_overspend(tmp_path: P
         device=DeviceOptions(delay_s=0.1, jitter_s=0.2, drop_rate=0.0, duplicate_rate=0.2),
         max_downtime_s=1.0,
         time_limit_s=150.0,
+        flood=1000,
     )
     result = run_chaos(options, tmp_path)
     numbers = result.numbers
     report = "\n".join(result.log) + f"\n{numbers}"
+    assert numbers["forgeries_sent"] > 0 and numbers["forgeries_accepted"] == 0, report
+    assert numbers["flood_sent"] == 1000 and numbers["real_readings_lost"] == 0, report
     assert numbers["kills"] == 3 and numbers["agent_lives"] == 4, report
     assert numbers["broker_restarts"] == 2 and numbers["broker_kills"] == 1, report
     assert numbers["connection_cuts"] == 1, report

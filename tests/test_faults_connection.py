@@ -161,6 +161,8 @@ def test_cutting_the_agents_connection_loses_nothing_and_rounds_go_on(tmp_path: 
         device=DeviceOptions(delay_s=0.1, jitter_s=0.2, drop_rate=0.0, duplicate_rate=0.2),
         max_downtime_s=1.0,
         time_limit_s=150.0,
+        forge=False,  # tests/test_faults.py runs the adversaries
+        flood=0,
     )
     result = run_chaos(options, tmp_path)
     numbers = result.numbers

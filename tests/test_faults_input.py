@@ -79,15 +79,23 @@ def rejected_counts(service: AgentService, experiment: str) -> dict[str, float]:
 
 
 def a_reading(experiment: str, round_: int, node: str, value: float, seq: int) -> Reading:
+    """A reading as the experiment's own device (the default `sim-{experiment}`) would send it:
+    these tests publish on its topic (their broker has no ACL) to reach the checks after the
+    sender's (tests/test_trust.py covers those)."""
     return Reading(
         experiment=experiment,
         round=round_,
         node=node,
         value=value,
         seq=seq,
-        device_id="vandal",
+        device_id=f"sim-{experiment}",
         at=time.time(),
     )
+
+
+def device_topic(experiment: str) -> str:
+    """The reading topic of the experiment's default device."""
+    return topics.reading(experiment, f"sim-{experiment}")
 
 
 @contextlib.asynccontextmanager
@@ -142,9 +150,9 @@ async def test_every_other_rejection_reason_and_the_dead_letter_rate_limit(
             await asyncio.sleep(0.01)
         async with MqttConnection(BrokerConfig.from_url(mosquitto.url)) as mqtt:
             for payload in garbage.values():
-                await mqtt.publish(topics.reading("vandalized"), payload)
+                await mqtt.publish(device_topic("vandalized"), payload)
             for i in range(burst):
-                await mqtt.publish(topics.reading("vandalized"), b"{" + str(i).encode())
+                await mqtt.publish(device_topic("vandalized"), b"{" + str(i).encode())
 
     async with device_for(mosquitto.url, "vandalized", delay_s=0.5):
         await asyncio.wait_for(asyncio.gather(service.run(), vandal()), WAIT_S)
@@ -191,7 +199,7 @@ def test_foreign_topics_and_unknown_experiments_are_rejected_and_acknowledged(
     service = AgentService(config_for("mqtt://127.0.0.1:1", tmp_path / "a.sqlite"), [])
     connection = Connection()
     with capture_logs() as events:
-        for mid, topic in enumerate(["somewhere/else", "cbo/nobody/reading", "cbo/x/action"]):
+        for mid, topic in enumerate(["somewhere/else", "cbo/nobody/d/reading", "cbo/x/d/action"]):
             message = IncomingMessage(topic, b"{}", 1, False, mid, time.time())
             service._route(message, connection)  # type: ignore[arg-type]
     reasons = [e["reason"] for e in events if e["event"] == "message.rejected"]
@@ -229,7 +237,7 @@ async def test_a_flood_is_rejected_then_redelivered_and_the_agent_keeps_going(
         async with MqttConnection(BrokerConfig.from_url(broker.url)) as mqtt:
             for seq in range(flood):  # round 0's X0 again: duplicates, once handled
                 await mqtt.publish(
-                    topics.reading("flooded"), encode(a_reading("flooded", 0, "X0", 3.0, seq))
+                    device_topic("flooded"), encode(a_reading("flooded", 0, "X0", 3.0, seq))
                 )
         deadline = time.monotonic() + 10
         while not rejected_counts(service, "flooded").get("flood"):
@@ -261,7 +269,7 @@ async def test_a_huge_finite_reading_is_rejected_and_the_agent_keeps_going(
         while "huge" not in service.experiments or 0 not in service.experiments["huge"].rounds:
             await asyncio.sleep(0.01)
         async with MqttConnection(BrokerConfig.from_url(mosquitto.url)) as mqtt:
-            await mqtt.publish(topics.reading("huge"), encode(a_reading("huge", 0, "X0", 1e200, 1)))
+            await mqtt.publish(device_topic("huge"), encode(a_reading("huge", 0, "X0", 1e200, 1)))
 
     async with device_for(mosquitto.url, "huge", delay_s=0.5):
         await asyncio.wait_for(asyncio.gather(service.run(), vandal()), WAIT_S)

@@ -33,6 +33,10 @@ FAST: dict[str, dict[str, Any]] = {
     "besd": {"grid_size": 40, "alternatives": 16, "restarts": 0},
     "ei": {"grid_size": 40, "restarts": 0},
     "lcb": {"grid_size": 40, "restarts": 0},
+    # paper 000's policies (parameter-vector specs only)
+    "hagpucb": {"candidates": 32, "sweeps": 1},
+    "addgpucb": {"candidates": 32, "sweeps": 1},
+    "cmaes": {},
 }
 POLICIES = ("mcbo", "eifn", "gpucb")  # the acquisition policies that take any reward
 

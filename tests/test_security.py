@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -89,15 +90,26 @@ class SecureBroker:
         return BrokerConfig(port=self.port, timeout_s=5.0, protocol="5", **credentials, **extra)
 
 
+DEVICES = ("sim-secure", "sim-acl", "forger")  # the devices' logins are their device ids
+
+
 def make_passwords(directory: Path) -> tuple[Path, dict[str, str]]:
-    """The deployment's users (agent, device, monitor) by its own script, plus a stranger: a
-    valid login the ACL grants nothing."""
+    """The deployment's users by its own script: agent, monitor and the devices (the first
+    through MQTT_DEVICE_USER, the others through MQTT_DEVICES_FILE); plus a stranger, a valid
+    login that is in no spec (the ACL's patterns grant it only its own device topics)."""
     if shutil.which("mosquitto_passwd") is None:
         pytest.skip("mosquitto_passwd is not installed (Debian: mosquitto)")
-    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", "device", "monitor")}
+    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", "monitor", *DEVICES)}
     passwd = directory / "passwd"
-    env = {"PATH": os.environ["PATH"]} | {
-        f"MQTT_{user.upper()}_PASSWORD": password for user, password in passwords.items()
+    devices_file = directory / "devices"
+    devices_file.write_text("".join(f"{d} {passwords[d]}\n" for d in DEVICES[1:]))
+    env = {
+        "PATH": os.environ["PATH"],
+        "MQTT_AGENT_PASSWORD": passwords["agent"],
+        "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_DEVICE_USER": DEVICES[0],
+        "MQTT_DEVICE_PASSWORD": passwords[DEVICES[0]],
+        "MQTT_DEVICES_FILE": str(devices_file),
     }
     subprocess.run(["sh", str(MAKE_PASSWD), str(passwd)], env=env, check=True, timeout=30)
     passwords["stranger"] = secrets.token_urlsafe(12)
@@ -178,8 +190,8 @@ async def test_agent_and_device_run_rounds_over_tls_with_passwords(
         "dropwave",
         broker.url(tls=True),
         settings,
-        username="device",
-        password=broker.passwords["device"],
+        username="sim-secure",  # the spec's default device of experiment "secure"
+        password=broker.passwords["sim-secure"],
         ca_file=str(broker.pki.ca_file),
     )
     async with running(device):
@@ -192,7 +204,10 @@ async def test_agent_and_device_run_rounds_over_tls_with_passwords(
     broker.stop()  # Mosquitto writes its log through a buffer: complete once it exits
     clients = connected_clients(broker.log_tail(200))
     assert clients["secure-agent"] == ("agent", broker.tls_port)
-    assert sorted(clients.values()) == [("agent", broker.tls_port), ("device", broker.tls_port)]
+    assert sorted(clients.values()) == [
+        ("agent", broker.tls_port),
+        ("sim-secure", broker.tls_port),
+    ]
 
 
 @pytest.mark.integration
@@ -232,7 +247,7 @@ async def test_a_refused_agent_says_why_and_never_gets_in(
 
 @pytest.mark.integration
 async def test_a_device_with_a_wrong_password_is_refused(secure_broker: SecureBroker) -> None:
-    config = secure_broker.config("device", password="guess")
+    config = secure_broker.config("sim-secure", password="guess")
     with pytest.raises(MqttConnectionError, match=r"refused by broker: \[135\].*Not authorized"):
         async with MqttConnection(config):
             pass
@@ -269,7 +284,7 @@ async def test_only_the_agent_can_move_an_actuator(secure_broker: SecureBroker, 
     broker = secure_broker
     device = SimulatorDevice(
         make_environment("dropwave"),
-        broker.config("device", client_id="actuator"),
+        broker.config("sim-acl", client_id="actuator"),
         DeviceSettings(experiment="acl", seed=1),
     )
     with capture_logs() as events:
@@ -277,9 +292,11 @@ async def test_only_the_agent_can_move_an_actuator(secure_broker: SecureBroker, 
             await asyncio.wait_for(device.ready.wait(), WAIT_S)
             outcomes = {
                 user: await try_publish(
-                    broker.config(user), topics.action("acl"), encode(forged_action("acl"))
+                    broker.config(user),
+                    topics.action("acl", "sim-acl"),
+                    encode(forged_action("acl")),
                 )
-                for user in ("device", "monitor", "stranger", None)
+                for user in ("forger", "monitor", "stranger", None)
             }
             await asyncio.sleep(1.0)  # time enough for a forged action to arrive, if it could
             assert device.applied == 0
@@ -288,7 +305,7 @@ async def test_only_the_agent_can_move_an_actuator(secure_broker: SecureBroker, 
             await asyncio.wait_for(service.run(), WAIT_S)
     assert outcomes[None].startswith("refused")  # anonymous: not even connected
     # the others got in and the broker took their PUBLISH; the ACL dropped it on the floor
-    assert [outcomes[user] for user in ("device", "monitor", "stranger")] == ["published"] * 3
+    assert [outcomes[user] for user in ("forger", "monitor", "stranger")] == ["published"] * 3
     received = [e for e in events if e["event"] == "device.action_received"]
     with Store(tmp_path / "agent.sqlite") as store:
         (round0,) = store.rounds("acl")
@@ -297,11 +314,11 @@ async def test_only_the_agent_can_move_an_actuator(secure_broker: SecureBroker, 
 
 
 @pytest.mark.integration
-async def test_readings_from_anyone_but_a_device_never_reach_the_agent(
-    secure_broker: SecureBroker,
-) -> None:
+async def test_no_login_can_publish_on_another_devices_topics(secure_broker: SecureBroker) -> None:
+    """The ACL's %u patterns: on sim-acl's reading topic only sim-acl gets through; another
+    device, the monitor, a stranger and the agent itself are dropped by the broker."""
     broker = secure_broker
-    topic = topics.reading("acl")
+    topic = topics.reading("acl", "sim-acl")
 
     def reading(device_id: str) -> bytes:
         return encode(
@@ -318,9 +335,9 @@ async def test_readings_from_anyone_but_a_device_never_reach_the_agent(
 
     async with MqttConnection(broker.config("agent", client_id="acl-agent")) as agent:
         await agent.subscribe(topic)
-        for user in ("monitor", "stranger", "agent"):
+        for user in ("forger", "monitor", "stranger", "agent"):
             await try_publish(broker.config(user), topic, reading(f"forger-{user}"))
-        await try_publish(broker.config("device"), topic, reading("sensor"))
+        await try_publish(broker.config("sim-acl"), topic, reading("sensor"))
         senders = []
         messages = agent.messages()
         with contextlib.suppress(TimeoutError):
@@ -558,3 +575,64 @@ def test_nothing_in_the_project_unpickles_or_torch_loads() -> None:
     # and the one place that reads arrays back says so explicitly
     store_source = (ROOT / "connectors" / "store" / "snapshots.py").read_text()
     assert "read_array(io.BytesIO(blob), allow_pickle=False)" in store_source
+
+
+# ------------------------------------------------------------- secrets off the command line
+@pytest.mark.integration
+async def test_passwords_come_from_files_never_from_the_command_line(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    """The agent (broker.password_file) and the simulator (--password-file) log in with
+    passwords read from files; the simulator's command line never holds it; `sim --password`
+    is refused."""
+    assert secure_broker.pki is not None
+    agent_file, device_file = tmp_path / "agent.pw", tmp_path / "device.pw"
+    agent_file.write_text(secure_broker.passwords["agent"] + "\n")
+    device_file.write_text(secure_broker.passwords["sim-secure"] + "\n")
+    environ = agent_environment(
+        secure_broker,
+        tmp_path / "agent.sqlite",
+        CBO_BROKER_PASSWORD="",
+        CBO_BROKER_PASSWORD_FILE=str(agent_file),
+    )
+    service = AgentService(load_config(environ=environ), [fast_spec("secure", rounds=1)])
+    async with running(service.run()):
+        deadline = time.monotonic() + 20.0
+        while not service.link.connected:
+            assert time.monotonic() < deadline, secure_broker.log_tail()
+            await asyncio.sleep(0.05)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CBO_BROKER_")}
+    device = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "--log-format", "json", "sim", "dropwave",
+         "--experiment", "secure", "--broker", secure_broker.url(tls=True),
+         "--username", "sim-secure", "--password-file", str(device_file),
+         "--ca-file", str(secure_broker.pki.ca_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert device.stderr is not None
+        # its first session is a login with the password from the file ("Not authorized" else)
+        line = await asyncio.wait_for(
+            _event_line(device.stderr, ("mqtt.connected", "mqtt.reconnect_scheduled")), 60.0
+        )
+        assert '"mqtt.connected"' in line, line
+        cmdline = Path(f"/proc/{device.pid}/cmdline").read_bytes()
+        assert secure_broker.passwords["sim-secure"].encode() not in cmdline
+    finally:
+        device.terminate()
+        device.wait(timeout=30)
+    refused = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "sim", "dropwave", "--experiment", "x",
+         "--password", "hunter2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--password is not accepted" in refused.stderr and "--password-file" in refused.stderr
+
+
+async def _event_line(stream, events: tuple[str, ...]) -> str:
+    """The first line of a JSON log stream naming one of `events` ("" at its end)."""
+    while True:
+        line = await asyncio.to_thread(stream.readline)
+        if not line or any(f'"event": "{event}"' in line for event in events):
+            return line

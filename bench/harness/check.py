@@ -60,6 +60,8 @@ class DeviceRecord:
     attempts: dict[str, list[int]] = field(default_factory=lambda: collections.defaultdict(list))
     applied: collections.Counter[str] = field(default_factory=collections.Counter)
     published: dict[ReadingKey, int] = field(default_factory=dict)  # reading -> round
+    values: dict[ReadingKey, float] = field(default_factory=dict)  # reading -> value sent
+    oracles: dict[int, float] = field(default_factory=dict)  # round -> expected reward sent
     dropped: set[ReadingKey] = field(default_factory=set)  # deliberately never sent
 
     @property
@@ -91,12 +93,18 @@ def device_record(events: Iterable[Event]) -> DeviceRecord:
         elif name == "device.reading_published":
             key = (event["device_id"], event["node"], int(event["seq"]))
             record.published[key] = int(event["round"])
+            record.values[key] = float(event["value"])
+        elif name == "device.oracle_published":
+            record.oracles[int(event["round"])] = float(event["expected_reward"])
         elif name == "device.reading_dropped":
             record.dropped.add((event["device_id"], event["node"], int(event["seq"])))
     return record
 
 
-async def _drain(port: int, client_id: str, quiet_s: float, timeout_s: float) -> list[bytes]:
+async def _drain(
+    port: int, client_id: str, quiet_s: float, timeout_s: float, login: tuple[str, str] | None
+) -> list[tuple[str, bytes]]:
+    credentials = {} if login is None else {"username": login[0], "password": login[1]}
     config = BrokerConfig(
         host="127.0.0.1",
         port=port,
@@ -105,8 +113,9 @@ async def _drain(port: int, client_id: str, quiet_s: float, timeout_s: float) ->
         clean_start=False,
         session_expiry_s=3600,
         timeout_s=5.0,
+        **credentials,
     )
-    payloads: list[bytes] = []
+    payloads: list[tuple[str, bytes]] = []
     async with MqttConnection(config) as connection:
         messages = connection.messages()
         with contextlib.suppress(TimeoutError):
@@ -114,25 +123,34 @@ async def _drain(port: int, client_id: str, quiet_s: float, timeout_s: float) ->
                 while True:
                     message = await asyncio.wait_for(anext(messages), quiet_s)
                     if message.topic.endswith("/reading"):
-                        payloads.append(message.payload)
+                        payloads.append((message.topic, message.payload))
     return payloads
 
 
-def drain_session(port: int, client_id: str, quiet_s: float = 1.0, timeout_s: float = 15.0) -> set:
+def drain_session(
+    port: int,
+    client_id: str,
+    quiet_s: float = 1.0,
+    timeout_s: float = 15.0,
+    login: tuple[str, str] | None = None,
+) -> set:
     """Readings still queued for the agent's persistent session (they would reach its next life).
 
-    Connects with the agent's client id, so call it only when no life of the agent is running.
+    Connects with the agent's client id (and its `login` on a broker with passwords), so call it
+    only when no life of the agent is running.
     """
     try:
         with structlog.testing.capture_logs():  # the harness's own connection is not news
-            payloads = asyncio.run(_drain(port, client_id, quiet_s, timeout_s))
+            payloads = asyncio.run(_drain(port, client_id, quiet_s, timeout_s, login))
     except MqttConnectionError:
         return set()
     keys: set[ReadingKey] = set()
-    for payload in payloads:
+    for topic, payload in payloads:
         with contextlib.suppress(DecodeError):
             reading = decode(payload, Reading)
-            keys.add((reading.device_id, reading.node, reading.seq))
+            # as the agent takes it: from the device its topic names (a forger's claims are not)
+            if topic.split("/")[-2] == reading.device_id:
+                keys.add((reading.device_id, reading.node, reading.seq))
     return keys
 
 
@@ -296,6 +314,7 @@ def verify(
     with Store(store_path) as store:
         rounds = store.rounds(name)
         stored = store.readings(name)
+        oracles = store.oracles(name)
         ledger = store.ledger(name)
         ledger_state = {entry.round: entry.state for entry in store.ledger_entries(name)}
         # What a restarted agent would hold: the experiment rebuilt from the store alone.
@@ -312,6 +331,21 @@ def verify(
         expected_obs = _complete_rows(rebuilt)
     stored_values = {(r.round, r.node): r.value for r in stored}
     stored_keys = {(r.device_id, r.node, r.seq) for r in stored}
+    # value for value: each stored reading is what the device published under its key, for
+    # the round it published it for
+    differ = sorted(
+        (r.device_id, r.node, r.seq)
+        for r in stored
+        if (r.device_id, r.node, r.seq) in device.values
+        and (
+            device.values[(r.device_id, r.node, r.seq)] != r.value
+            or device.published[(r.device_id, r.node, r.seq)] != r.round
+        )
+    )
+    stored_oracles = {o.round: o.expected_reward for o in oracles}
+    oracle_differ = sorted(
+        n for n, value in stored_oracles.items() if device.oracles.get(n) != value
+    )
     by_round = {row.round: row for row in rounds}
     statuses = collections.Counter(row.status for row in rounds)
     budget = spec.constraints.budget_total
@@ -324,7 +358,8 @@ def verify(
     applied_cost = math.fsum(by_round[device.round_of[a]].cost for a in known)
     published = set(device.published)
     lost = sorted(published - stored_keys - queued)
-    left_queued = sorted(queued - stored_keys)
+    # the device's readings the agent would still get; other devices' (a forger's) are not ours
+    left_queued = sorted(k for k in queued - stored_keys if k[0] == device.device_id)
     unexpected = sorted(k for k in stored_keys if k[0] == device.device_id and k not in published)
     applied_released = sorted(
         device.round_of[a] for a in known if ledger_state.get(device.round_of[a]) == "released"
@@ -356,6 +391,9 @@ def verify(
         "readings_queued_at_end": len(left_queued),
         "readings_lost": len(lost),
         "readings_stored_never_published": len(unexpected),
+        "readings_stored_unlike_published": len(differ),
+        "oracles_stored": len(stored_oracles),
+        "oracles_stored_unlike_published": len(oracle_differ),
     }
     numbers_in_rounds = sorted(by_round)
     twice = device.applied_twice()
@@ -394,6 +432,14 @@ def verify(
             "no reading lost on the way (published = stored + still queued)",
             not lost and not unexpected,
             f"{len(lost)} lost, {len(unexpected)} stored but never published",
+        ),
+        Check(
+            "stored readings and oracle values equal the device's (value for value)",
+            not differ and not oracle_differ and not unexpected,
+            f"{len(differ)} readings and {len(oracle_differ)} oracle values differ from the "
+            f"device's log, {len(unexpected)} readings it never published"
+            if differ or oracle_differ or unexpected
+            else f"{len(stored)} readings, {len(stored_oracles)} oracle values: all as published",
         ),
         Check(
             "every published reading stored",

@@ -5,14 +5,17 @@ logging JSON lines to a file, and can be killed with SIGKILL, paused (SIGSTOP) a
 `JsonLog` reads such a file incrementally and waits, with a timeout, for an event. `Cluster`
 puts a Mosquitto with persistence, one device and successive lives of the agent in one working
 directory, and stops whatever it started; with ``via_proxy`` the agent reaches the broker through
-a `TcpProxy` whose connections the harness can cut. Everything listens on and connects to
-127.0.0.1.
+a `TcpProxy` whose connections the harness can cut; with ``logins`` the broker runs the shipped
+ACL (deploy/mosquitto/acl) with a password per user, made by deploy/mosquitto/make-passwd.sh:
+the agent, the device (its id), and the extra device logins asked for (a forger, a flooder).
+Everything listens on and connects to 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from connectors.mosquitto import MosquittoBroker, MosquittoOptions
 
 __all__ = [
     "AGENT_ID",
+    "DEVICE_ID",
     "EXPERIMENT",
     "Child",
     "ChildDied",
@@ -48,6 +52,9 @@ Event = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "chaos"
 AGENT_ID = "chaos-agent"
+DEVICE_ID = f"sim-{EXPERIMENT}"  # the simulator's default id: the spec's default device
+ACL = ROOT / "deploy" / "mosquitto" / "acl"
+MAKE_PASSWD = ROOT / "deploy" / "mosquitto" / "make-passwd.sh"
 STOP_S = 10.0
 # Save the broker's state after every change (not once a second): a broker killed with SIGKILL
 # then loses at most the message it was handling, which keeps "readings lost" about the agent.
@@ -272,6 +279,7 @@ class Cluster:
     device_options: DeviceOptions = field(default_factory=DeviceOptions)
     broker_lines: tuple[str, ...] = DURABLE_BROKER_LINES
     via_proxy: bool = False
+    logins: tuple[str, ...] | None = None  # extra device logins; None: an anonymous broker
     agent_lives: list[Child] = field(default_factory=list)
     device: Child | None = None
     _environ: dict[str, str] = field(default_factory=child_environment)
@@ -279,12 +287,21 @@ class Cluster:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.store_path = self.workdir / "agent.sqlite"
-        self.broker = MosquittoBroker(
-            self.workdir / "mosquitto",
-            MosquittoOptions(
-                persistence_dir=self.workdir / "mosquitto-data", extra_lines=self.broker_lines
-            ),
+        self.passwords: dict[str, str] = {}
+        options = MosquittoOptions(
+            persistence_dir=self.workdir / "mosquitto-data", extra_lines=self.broker_lines
         )
+        if self.logins is not None:
+            passwd = self.workdir / "passwd"
+            self.passwords = write_passwords(passwd, (DEVICE_ID, *self.logins))
+            options = MosquittoOptions(
+                allow_anonymous=False,
+                password_file=passwd,
+                acl_file=ACL,
+                persistence_dir=options.persistence_dir,
+                extra_lines=self.broker_lines,
+            )
+        self.broker = MosquittoBroker(self.workdir / "mosquitto", options)
         self.proxy: TcpProxy | None = None
         if self.via_proxy:
             self.proxy = TcpProxy(self.broker.port)
@@ -316,6 +333,11 @@ class Cluster:
             "--seed",
             str(options.seed),
         ]
+        if self.passwords:  # from a file, as a deployment would: never on the command line
+            password_file = self.workdir / "device.password"
+            password_file.write_text(self.passwords[DEVICE_ID] + "\n")
+            password_file.chmod(0o600)
+            argv += ["--username", DEVICE_ID, "--password-file", str(password_file)]
         self.device = Child("device", argv, self.workdir / "device.log", self._environ)
         if self.broker.running:
             self.device.log.wait_for("device.subscribed", timeout_s, child=self.device)
@@ -339,7 +361,13 @@ class Cluster:
             "0",
         ]
         life = len(self.agent_lives)
-        child = Child(f"agent-{life}", argv, self.workdir / f"agent-{life}.log", self._environ)
+        environ = self._environ
+        if self.passwords:  # as in a deployment: credentials in the environment
+            environ = environ | {
+                "CBO_BROKER_USERNAME": "agent",
+                "CBO_BROKER_PASSWORD": self.passwords["agent"],
+            }
+        child = Child(f"agent-{life}", argv, self.workdir / f"agent-{life}.log", environ)
         self.agent_lives.append(child)
         return child
 
@@ -390,6 +418,29 @@ class Cluster:
             parts.append(self.device.log.tail())
         parts.append("--- mosquitto ---\n" + self.broker.log_tail(10))
         return "\n".join(parts)
+
+
+def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
+    """Mosquitto's password file for the agent, the monitor and `devices` (each its own login,
+    its device id), by the deployment's own script; returns user -> password."""
+    devices = list(devices)
+    users = ("agent", "monitor", *devices)
+    passwords = {user: secrets.token_urlsafe(12) for user in users}
+    extra = path.with_name(path.name + ".devices")
+    extra.write_text("".join(f"{device} {passwords[device]}\n" for device in devices[1:]))
+    environ = {
+        "PATH": os.environ["PATH"],
+        "MQTT_AGENT_PASSWORD": passwords["agent"],
+        "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_DEVICE_USER": devices[0],
+        "MQTT_DEVICE_PASSWORD": passwords[devices[0]],
+        "MQTT_DEVICES_FILE": str(extra),
+    }
+    subprocess.run(
+        ["sh", str(MAKE_PASSWD), str(path)], env=environ, check=True, capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return passwords
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = 0.02) -> Any:
