@@ -61,6 +61,8 @@ from core.spec import parse_spec
 
 log = structlog.get_logger(__name__)
 
+# On takeover, the last rounds whose feedback may have gone to the old owner are asked again.
+RESEND_RECENT_ROUNDS = 10
 QUARANTINE_S = 60.0  # an experiment that failed to load or crashed is not taken again sooner
 
 
@@ -391,6 +393,8 @@ class FleetService(AgentService):
 
     # ------------------------------------------------------------------ owning one experiment
     async def _adopt(self, lease: Lease, exp: Experiment, sent: float) -> None:
+        """Own the experiment: inbox, subscriptions, driver — unless it was dropped meanwhile
+        (its lease ran out while the subscriptions were made)."""
         name = exp.name
         mine = _Held(lease, sent + self.settings.lease_ttl_s, paused=lease.state == "paused")
         self.held[name] = mine
@@ -410,6 +414,8 @@ class FleetService(AgentService):
             state=lease.state,
             load_s=round(self._load_s.pop(name, 0.0), 3),  # acquiring and rebuilding it
         )
+        if self.held.get(name) is not mine:
+            return  # dropped while subscribing: `_drop` has cleaned up
         mine.task = asyncio.create_task(self._own(exp, lease.epoch), name=f"own:{name}")
 
     async def _own(self, exp: Experiment, epoch: int) -> None:
@@ -447,15 +453,26 @@ class FleetService(AgentService):
                 await self._drop(name, "failed", release=True)
 
     async def _take_over(self, exp: Experiment) -> None:
-        """Re-publish every open round that was published, with this replica's epoch: the
-        device drops the old owner's copies and sends readings it had sent again."""
-        for live in exp.open_rounds:
-            if live.published_at is None:
-                continue  # `_drive` publishes it first thing
-            if live.status is RoundStatus.ACKED:
-                await self._publish_action(exp, live.action)  # ack known: readings resent
-            elif not live.action.expired(time.time()):
-                await self._publish_action(exp, exp.republish(live.number))
+        """Re-publish, with this replica's epoch, every open round that was published, and the
+        recent rounds that ended without all their feedback: the device drops the old owner's
+        copies and acknowledges again what it applied, with the readings it had sent (an action
+        it never applied and that has expired it refuses, as always)."""
+        missing = exp.missing_readings()
+        recent = sorted(exp.rounds)[-RESEND_RECENT_ROUNDS:]
+        for number in recent:
+            live = exp.rounds[number]
+            if live.is_open:
+                if live.published_at is None:
+                    continue  # `_drive` publishes it first thing
+                if live.status is RoundStatus.ACKED:
+                    await self._publish_action(exp, live.action)  # ack known: readings resent
+                elif not live.action.expired(time.time()):
+                    await self._publish_action(exp, exp.republish(live.number))
+            elif number in missing or live.status is RoundStatus.EXPIRED:
+                await self._publish_action(exp, live.action)
+        for live in exp.open_rounds:  # older open rounds than the recent ones (a deep pipeline)
+            if live.number not in recent and live.published_at is not None:
+                await self._publish_action(exp, live.action)
 
     async def _finished(self, exp: Experiment) -> None:
         """A finished experiment is stopped in the store (no replica takes it again)."""
