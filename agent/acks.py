@@ -39,7 +39,7 @@ def on_ack(exp: Experiment, ack: Ack) -> Verdict:
         return _applied_after_rejection(exp, live, ack)
     if not live.is_open:
         return Verdict("late")
-    now = exp.clock()
+    now = exp.ticks()  # the round's timers; what is stored takes wall time
     if ack.status == "rejected" and ack.reason == BUSY:
         live.retry_at = now + BUSY_RETRY_S  # the device will take it when it has room
         exp.open.timers_moved()
@@ -54,9 +54,10 @@ def on_ack(exp: Experiment, ack: Ack) -> Verdict:
 def _acknowledge(exp: Experiment, live: LiveRound, ack: Ack, now: float) -> None:
     """The device applied the action: the reservation is settled, the round waits for readings."""
     applied = _applied(exp, live, ack)
+    wall = exp.clock()
     with exp.store.transaction():
-        exp.store.set_round_status(exp.name, live.number, RoundStatus.ACKED, now)
-        exp.store.settle(exp.name, live.number, now)
+        exp.store.set_round_status(exp.name, live.number, RoundStatus.ACKED, wall)
+        exp.store.settle(exp.name, live.number, wall)
         if applied is not None:
             exp.store.set_applied(exp.name, live.number, applied)
     live.status, live.acked_at = RoundStatus.ACKED, now
@@ -84,13 +85,12 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     is paid for (charged again, past the budget if need be) and the model learns it."""
     if live.acked_at is not None:
         return Verdict("duplicate")
-    now = exp.clock()
     applied = _applied(exp, live, ack)
     with exp.store.transaction():
-        charged = exp.store.charge(exp.name, live.number, now)
+        charged = exp.store.charge(exp.name, live.number, exp.clock())
         if applied is not None:
             exp.store.set_applied(exp.name, live.number, applied)
-    live.acked_at = now
+    live.acked_at = exp.ticks()
     if applied is not None:
         exp.model.history[live.model_round].intervention = applied
     if charged:
@@ -106,13 +106,12 @@ def _applied_after_rejection(exp: Experiment, live: LiveRound, ack: Ack) -> Verd
     readings teach the model from now on (`agent.join`)."""
     if live.acked_at is not None:
         return Verdict("duplicate")
-    now = exp.clock()
     applied = _applied(exp, live, ack)
     with exp.store.transaction():
-        charged = exp.store.charge(exp.name, live.number, now)
+        charged = exp.store.charge(exp.name, live.number, exp.clock())
         if applied is not None:
             exp.store.set_applied(exp.name, live.number, applied)
-    live.acked_at = now
+    live.acked_at = exp.ticks()
     if applied is not None:
         exp.model.history[live.model_round].intervention = applied
     if charged:

@@ -50,11 +50,21 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.log_level is None:  # the live table is the demo's output; logs only for trouble
         configure_logging("warning", args.log_format or "auto")
+    from agent.config import read_password_file
+
+    password = os.environ.get("CBO_BROKER_PASSWORD") or None
+    if args.password_file is not None:
+        try:
+            password = read_password_file(args.password_file)
+        except ValueError as error:
+            return _refuse("demo", [f"--password-file: {error}"])
+    warn_of_a_password_in(args.broker)
     options = DemoOptions(
         env=args.env,
         policy=args.policy,
         rounds=args.rounds,
         broker=args.broker,
+        broker_password=password,
         live=not args.no_live,
         out=Path(args.out),
         metrics_host=args.metrics_host,
@@ -68,6 +78,7 @@ def _demo(args: argparse.Namespace) -> int:
 # lists every one of them; tests/test_readme.py keeps the two in step.
 RUN_FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
     "broker": ("broker", "url"),
+    "password_file": ("broker", "password_file"),
     "metrics_port": ("metrics", "port"),
     "metrics_host": ("metrics", "host"),
     "store": ("store", "path"),
@@ -113,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     from agent.preflight import load_run_specs, service_problems
     from agent.serve import run_service
 
+    warn_of_a_password_in(args.broker)
     overrides = {key: getattr(args, flag, None) for flag, key in RUN_FLAG_SETTINGS.items()}
     try:
         config = load_config(args.config, overrides)
@@ -127,6 +139,30 @@ def _run(args: argparse.Namespace) -> int:
         return _refuse("run", problems)
     configure_logging(config.log.level, config.log.format)
     return run_service(specs, config)
+
+
+PASSWORD_HINT = (
+    "a password on the command line is visible to every user of this machine (ps, "
+    "/proc/PID/cmdline); use --password-file FILE or CBO_BROKER_PASSWORD"
+)
+
+
+def warn_of_a_password_in(broker: str | None) -> None:
+    """Warn (log event `cli.password_on_command_line`) when a `--broker` URL carries one."""
+    if broker is None:
+        return
+    from agent.config import ConfigError, parse_broker_address
+
+    try:
+        address = parse_broker_address(broker)
+    except ConfigError:
+        return  # the configuration says what is wrong with it
+    if address.password is not None:
+        import structlog
+
+        structlog.get_logger(__name__).warning(
+            "cli.password_on_command_line", flag="--broker", hint=PASSWORD_HINT
+        )
 
 
 def spec_overrides(args: argparse.Namespace) -> list[tuple[str, object]]:
@@ -167,14 +203,23 @@ def _spec_setting(text: str) -> tuple[str, object]:
 def _sim(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agent.config import ConfigError, parse_broker_address
+    from agent.config import ConfigError, parse_broker_address, read_password_file
     from agent.serve import run_simulator
     from core.plain_errors import plain_problems, unknown_name
     from sim.device import DeviceSettings
     from sim.registry import environment_names
 
+    if args.password is not None:
+        return _refuse("sim", [f"--password is not accepted: {PASSWORD_HINT}"])
     if args.env not in environment_names():
         return _refuse("sim", [unknown_name("environment", args.env, environment_names())])
+    password = os.environ.get("CBO_BROKER_PASSWORD") or None
+    if args.password_file is not None:
+        try:
+            password = read_password_file(args.password_file)
+        except ValueError as error:
+            return _refuse("sim", [f"--password-file: {error}"])
+    warn_of_a_password_in(args.broker)
     try:
         address = parse_broker_address(args.broker)
     except ConfigError as error:
@@ -206,7 +251,7 @@ def _sim(args: argparse.Namespace) -> int:
         name: value
         for name, value in (
             ("username", args.username),
-            ("password", args.password),
+            ("password", password),
             ("ca_file", args.ca_file),
         )
         if value
@@ -227,6 +272,10 @@ def _export(args: argparse.Namespace) -> int:
         path = load_config(args.config, {("store", "path"): args.store}).store.path
     except ConfigError as error:
         print(f"cbo-agent export: configuration: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"cbo-agent export: --out {args.out}: exists and is not a directory", file=sys.stderr)
         return 2
     location = parse_store_location(path)  # valid: the configuration checked it
     if isinstance(location, SqliteLocation) and not Path(location.path).is_file():
@@ -426,6 +475,12 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         help="the broker: mqtt://[USER:PASS@]HOST[:PORT], mqtts:// (TLS), tcp:// or HOST:PORT",
     )
     run.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="file whose first line is the broker password (broker.password_file; or "
+        "CBO_BROKER_PASSWORD); never put a password on the command line",
+    )
+    run.add_argument(
         "--connect-timeout",
         type=_positive_float,
         metavar="SECONDS",
@@ -497,10 +552,14 @@ def _add_sim(commands: argparse._SubParsersAction) -> None:
         help="broker user (default $CBO_BROKER_USERNAME)",
     )
     sim.add_argument(
-        "--password",
-        default=os.environ.get("CBO_BROKER_PASSWORD"),
-        help="broker password (default $CBO_BROKER_PASSWORD)",
+        "--password-file",
+        default=os.environ.get("CBO_BROKER_PASSWORD_FILE"),
+        metavar="FILE",
+        help="file whose first line is the broker password (default $CBO_BROKER_PASSWORD_FILE; "
+        "or the password itself in $CBO_BROKER_PASSWORD)",
     )
+    # removed: a password on the command line shows in `ps`; refused with a hint
+    sim.add_argument("--password", help=argparse.SUPPRESS)
     sim.add_argument(
         "--ca-file",
         default=os.environ.get("CBO_BROKER_CA_FILE"),
@@ -547,6 +606,11 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "--broker",
         help="use this broker instead of starting the embedded one: HOST:PORT, "
         "mqtt://[USER:PASS@]HOST[:PORT], mqtts:// (TLS) or tcp://",
+    )
+    demo.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="file whose first line is the password of --broker's user (or CBO_BROKER_PASSWORD)",
     )
     demo.add_argument("--no-live", action="store_true", help="plain lines, no live table")
     demo.add_argument("--out", default="results/demo", help="where the plot and store go")

@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import quote, unquote
 
 import yaml
@@ -46,6 +46,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from connectors.mqtt import BrokerConfig
@@ -187,6 +188,9 @@ class BrokerSection(_Section):
     )
     username: str | None = None
     password: SecretStr | None = None
+    # A file holding the password (its first line): keeps it off the command line, where `ps`
+    # shows it, and out of the environment of every child process.
+    password_file: str | None = None
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
@@ -197,6 +201,10 @@ class BrokerSection(_Section):
     # is lost across a crash.
     persistent_session: bool = True
     session_expiry_s: int = Field(default=3600, ge=0)
+    # Messages the broker may send the agent before it acknowledges them (MQTT v5 Receive
+    # Maximum; over 3.1.1 the broker's max_inflight_messages): what a flood can make the agent
+    # hold at once. Large enough for the group commit (runtime.BATCH_LIMIT) to fill.
+    receive_maximum: int = Field(default=1000, ge=1, le=65535)
     # A broker that never answers keeps a service waiting (it reconnects with backoff, which is
     # right for a broker that restarts); at a terminal or in a job, giving up after a while and
     # saying so is more useful. None: wait forever.
@@ -211,6 +219,15 @@ class BrokerSection(_Section):
             raise ValueError(str(error)) from None
         return url
 
+    @model_validator(mode="after")
+    def _read_password_file(self) -> Self:
+        if self.password_file is None:
+            return self
+        if self.password is not None:
+            raise ValueError("set broker.password or broker.password_file, not both")
+        self.password = SecretStr(read_password_file(self.password_file))
+        return self
+
     @property
     def address(self) -> BrokerAddress:
         return parse_broker_address(self.url)
@@ -220,6 +237,7 @@ class BrokerSection(_Section):
             "client_id": client_id,
             "protocol": self.protocol,
             "keepalive": self.keepalive_s,
+            "receive_maximum": self.receive_maximum,
         }
         if self.persistent_session:
             overrides |= {
@@ -255,6 +273,17 @@ class StoreSection(_Section):
         return value
 
 
+class InputSection(_Section):
+    """Limits on incoming messages (docs/reliability.md, "Floods")."""
+
+    # Per sender (topic and the device a message names): valid messages beyond this rate are
+    # rejected as `rate_limited` and acknowledged, so one device's flood cannot hold the
+    # broker's queue for the agent. The burst lets a device's backlog (queued while the agent
+    # was away) through at full speed.
+    sender_rate_per_s: float = Field(default=100.0, gt=0)
+    sender_burst: int = Field(default=10_000, ge=1)
+
+
 class LogSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -277,6 +306,7 @@ class AgentConfig(_Section):
     metrics: MetricsSection = MetricsSection()
     store: StoreSection = StoreSection()
     log: LogSection = LogSection()
+    input: InputSection = InputSection()
     device: str = "cpu"
     # A service (compose, Kubernetes) restarts a process that exits, so a finished experiment
     # would be replayed from the store, finish and exit again, forever. Keeping the process up
@@ -331,6 +361,20 @@ class AgentConfig(_Section):
         return f"{self.agent_id}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
+def read_password_file(path: str) -> str:
+    """The password in `path`: its first line, without the line end. ValueError (one line,
+    never the password) if it cannot be read or is empty."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        cause = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"password file {path}: {cause}") from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise ValueError(f"password file {path}: empty (the password is its first line)")
+    return password
+
+
 def _store_identity(target: str) -> str:
     """The store `target` names, one way however it is written: an SQLite file's absolute path
     (``agent.sqlite`` and ``sqlite:///abs/agent.sqlite`` alike), a PostgreSQL URL with its
@@ -346,6 +390,7 @@ _ENVIRONMENT = {
     "CBO_BROKER_URL": ("broker", "url"),
     "CBO_BROKER_USERNAME": ("broker", "username"),
     "CBO_BROKER_PASSWORD": ("broker", "password"),
+    "CBO_BROKER_PASSWORD_FILE": ("broker", "password_file"),
     "CBO_BROKER_CA_FILE": ("broker", "ca_file"),
     "CBO_BROKER_PROTOCOL": ("broker", "protocol"),
     "CBO_BROKER_CONNECT_TIMEOUT_S": ("broker", "connect_timeout_s"),

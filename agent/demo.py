@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import socket
 import sys
@@ -43,6 +44,7 @@ from agent.config import (
     StoreSection,
     parse_broker_address,
 )
+from agent.fatal import report_fatal
 from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
@@ -75,6 +77,7 @@ class DemoOptions:
     policy: str | None = None
     rounds: int = DEFAULT_ROUNDS
     broker: str | None = None  # an external broker (BROKER_FORMS); None starts the embedded one
+    broker_password: str | None = None  # for the user of `broker` (--password-file)
     live: bool = True
     out: Path = Path("results/demo")
     metrics_host: str = "127.0.0.1"
@@ -312,6 +315,10 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
     console = console or Console()
     spec, env = prepare_demo(options)
     external = None if options.broker is None else broker_address(options.broker)
+    if external is not None and options.broker_password is not None:
+        if external.username is None:
+            raise DemoError("--password-file needs a user in --broker (mqtt://USER@HOST:PORT)")
+        external = dataclasses.replace(external, password=options.broker_password)
     if external is not None:
         await _check_reachable(external)
     options.out.mkdir(parents=True, exist_ok=True)
@@ -443,4 +450,6 @@ def main(options: DemoOptions) -> int:
     except DemoError as error:
         print(f"cbo-agent demo: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # a fault mid-run: one agent.fatal event, no traceback
+        return report_fatal("demo", error)
     return 0 if result.rounds > 0 else 1

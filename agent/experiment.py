@@ -51,8 +51,13 @@ class Experiment:
         store: the durable store (written before anything is acknowledged or published).
         metrics: the Prometheus series to update (optional in tests and benchmarks).
         seed: seeds the policy's random numbers (None: the spec's `initial_design.seed`).
-        clock: seconds since the epoch (injectable for tests).
+        clock: seconds since the epoch, for what is stored and sent (injectable for tests).
+        ticks: monotonic seconds, for timeouts and durations (`agent.timers`); default
+            `time.monotonic`, or `clock` itself when a test injects a clock and no ticks.
         on_event: receives a `RoundEvent` for every lifecycle step.
+        background_refits: the model only appends rows when it learns; refits wait for the
+            caller to run them beside it (the service does, `agent.refits`). False: they run
+            inside `on_readings`.
     """
 
     def __init__(
@@ -63,16 +68,21 @@ class Experiment:
         metrics: AgentMetrics | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.time,
+        ticks: Callable[[], float] | None = None,
         on_event: EventSink | None = None,
         device: str = "cpu",
+        background_refits: bool = False,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self.store = store
         self.metrics = metrics
         self.clock = clock
+        if ticks is None:
+            ticks = time.monotonic if clock is time.time else clock
+        self.ticks = ticks
         self.on_event = on_event or (lambda event: None)
-        self.model = NetworkModel(spec, device=device)
+        self.model = NetworkModel(spec, device=device, deferred_refits=background_refits)
         self.policy: Policy = make_policy(spec.policy.name, spec, spec.policy.settings)
         self.explorer: Policy = RandomPolicy(spec)
         if seed is None:
@@ -82,8 +92,8 @@ class Experiment:
         self.open = OpenRounds(spec.schedule)  # the rounds not closed yet, and their timers
         self.regret = RegretTracker(spec)
         self.finished_reason: str | None = None
-        self.last_publish_at: float | None = None  # the rate limit counts from here
-        self.last_close_at: float | None = None  # the next decision's latency counts from here
+        self.last_publish_at: float | None = None  # ticks: the rate limit counts from here
+        self.last_close_at: float | None = None  # ticks: the next decision's latency, from here
         self.log = structlog.get_logger(__name__).bind(experiment=self.name)
         recovery.check_same_experiment(self)
         store.upsert_experiment(self.name, spec.model_dump(mode="json", by_alias=True))
@@ -110,8 +120,15 @@ class Experiment:
     def budget_spent(self) -> float:
         return self.store.ledger(self.name).spent
 
+    def tick_of(self, wall: float) -> float:
+        """A wall-clock instant (stored, or in a message) on the monotonic clock, as of now."""
+        if self.ticks is self.clock:
+            return wall
+        return self.ticks() - (self.clock() - wall)
+
     def can_propose(self, now: float) -> bool:
-        """Whether a new round may start now (pipeline depth, round limit, rate limit)."""
+        """Whether a new round may start now (pipeline depth, round limit, rate limit); `now` on
+        the monotonic clock (`ticks`)."""
         schedule = self.spec.schedule
         if self.finished or self.in_flight >= schedule.pipeline:
             return False
@@ -147,6 +164,8 @@ class Experiment:
         if spent > total:  # a device applied an expired action: nothing is left
             return True
         fixed = [a.cost for a in self.spec.actions if a.cost > 0]
+        if self.spec.parameters is not None and self.spec.parameters.cost > 0:
+            fixed.append(self.spec.parameters.cost)
         return bool(fixed) and total - spent < min(fixed) - 1e-12
 
     # ------------------------------------------------------------------ verbs
@@ -161,7 +180,7 @@ class Experiment:
     def mark_published(self, number: int) -> None:
         """The action left for the broker (QoS 1 handed over)."""
         live = self.rounds[number]
-        now = self.clock()
+        now = self.ticks()
         first = live.published_at is None
         live.published_at = now
         self.open.timers_moved()
@@ -169,7 +188,7 @@ class Experiment:
         if live.status is RoundStatus.PROPOSED:
             live.status = RoundStatus.PUBLISHED
             with self.store.transaction():
-                self.store.set_round_status(self.name, number, RoundStatus.PUBLISHED, now)
+                self.store.set_round_status(self.name, number, RoundStatus.PUBLISHED, self.clock())
                 self.store.bump_attempt(self.name, number)  # the store counts publications
         latency = None  # the decision's: from the last close to this action's first publication
         if first and self.last_close_at is not None:
@@ -180,9 +199,8 @@ class Experiment:
     def republish(self, number: int) -> Action:
         """The same action (same id) with the next attempt number, recorded before sending."""
         live = self.rounds[number]
-        now = self.clock()
-        live.action = live.action.next_attempt(at=now)
-        live.published_at = now  # the ack timeout restarts with every publication
+        live.action = live.action.next_attempt(at=self.clock())
+        live.published_at = self.ticks()  # the ack timeout restarts with every publication
         self.open.timers_moved()
         self.store.bump_attempt(self.name, number)
         return live.action
@@ -198,7 +216,8 @@ class Experiment:
         return join.on_oracle(self, oracle)
 
     def due(self, now: float) -> list[Action]:
-        """Handle timeouts: actions to re-publish now (closed or expired rounds are handled)."""
+        """Handle timeouts: actions to re-publish now (closed or expired rounds are handled);
+        `now` on the monotonic clock (`ticks`)."""
         return timers.due(self, now)
 
     def next_deadline(self, now: float) -> float:
@@ -209,19 +228,23 @@ class Experiment:
     def track(self, live: LiveRound) -> None:
         """Keep a round just proposed or recovered (an open one among the open rounds too)."""
         self.rounds[live.number] = live
+        if live.action.expires_at is not None:
+            live.expires_tick = self.tick_of(live.action.expires_at)
         if live.is_open:
             self.open.add(live)
 
     def maybe_close(self, live: LiveRound, now: float) -> None:
+        """Close an acked round every node has reported; `now` on the monotonic clock."""
         if live.status is RoundStatus.ACKED and set(self.model.order) <= set(live.readings):
             self.close_round(live, now, "complete")
 
     def close_round(self, live: LiveRound, now: float, why: str) -> None:
-        """An acked round is over: every node reported ("complete"), or its wait timed out."""
+        """An acked round is over: every node reported ("complete"), or its wait timed out;
+        `now` on the monotonic clock."""
         self.forget_pending(live)
         live.status, live.closed_at = RoundStatus.CLOSED, now
         self.open.remove(live.number)
-        self.store.set_round_status(self.name, live.number, RoundStatus.CLOSED, now, why)
+        self.store.set_round_status(self.name, live.number, RoundStatus.CLOSED, self.clock(), why)
         self.last_close_at = live.last_reading_at if why == "complete" else now
         missing = sorted(set(self.model.order) - set(live.readings))
         reward = live.readings.get(self.model.reward_node)
@@ -229,11 +252,13 @@ class Experiment:
         telemetry.closed(self, live, now, why)
 
     def end_round(self, live: LiveRound, status: RoundStatus, now: float, why: str) -> None:
-        """A round that will not close (rejected, expired): its reservation is released."""
+        """A round that will not close (rejected, expired): its reservation is released; `now`
+        on the monotonic clock."""
         self.forget_pending(live)
+        wall = self.clock()
         with self.store.transaction():
-            self.store.set_round_status(self.name, live.number, status, now, why)
-            self.store.release(self.name, live.number, now)
+            self.store.set_round_status(self.name, live.number, status, wall, why)
+            self.store.release(self.name, live.number, wall)
         live.status, live.closed_at = status, now
         self.open.remove(live.number)
         live.log.warning("round.ended", status=status.value, why=why)

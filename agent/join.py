@@ -27,10 +27,12 @@ __all__ = [
     "IMPLAUSIBLE_SPANS",
     "ORACLE_SLACK",
     "implausible",
+    "log_refit",
     "observe",
     "on_oracle",
     "on_readings",
     "oracle_problem",
+    "save_snapshot",
 ]
 
 IMPLAUSIBLE_SPANS = 1e6  # a reading this many typical ranges away is a fault, not data
@@ -56,7 +58,8 @@ def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
         for reading in readings:
             verdicts.append(_admit(exp, reading, fresh, now))
         if fresh:
-            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], now)
+            # the round timers run on the monotonic clock; the store took wall time
+            _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], exp.ticks())
     return verdicts
 
 
@@ -85,6 +88,7 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         reading.seq,
         reading.device_id,
         now,
+        measured_at=reading.at,  # the device's clock: when it measured, beside when it arrived
         variance=reading.variance,
         replications=reading.replications,
     )
@@ -205,9 +209,9 @@ def _taught(
         return
     telemetry.model_updated(exp, seconds)
     if report.rebuilt:
-        _save_snapshot(exp)
+        save_snapshot(exp)
     if report.refit:
-        _log_refit(exp, lives, report)
+        log_refit(exp, report, lives)
     for live in lives:
         # the reward as read, or composed from its components (a decomposed reward)
         reward = exp.model.history[live.model_round].readings.get(exp.model.reward_node)
@@ -217,7 +221,7 @@ def _taught(
         exp.maybe_close(live, now)
 
 
-def _save_snapshot(exp: Experiment) -> None:
+def save_snapshot(exp: Experiment) -> None:
     """Store the GP state (hyperparameters, standardization) a rebuild changed: a restart
     (`agent.recovery`) replays the readings without refitting and loads this state after."""
     arrays = {k: v.detach().cpu().numpy() for k, v in exp.model.gp.state().items()}
@@ -229,9 +233,20 @@ def _save_snapshot(exp: Experiment) -> None:
     )
 
 
-def _log_refit(exp: Experiment, lives: list[LiveRound], report: LearnReport) -> None:
-    """One event per refit, bound to its round, or naming the batch's rounds."""
-    log = lives[0].log if len(lives) == 1 else exp.log.bind(rounds=[r.number for r in lives])
+def log_refit(
+    exp: Experiment,
+    report: LearnReport,
+    lives: list[LiveRound] | None = None,
+    fit_s: float | None = None,
+) -> None:
+    """One event per refit, bound to its round, or naming the batch's rounds (none: a refit
+    run beside the loop, `agent.refits`, which reports how long its worker took)."""
+    if lives is None:
+        log = exp.log.bind(background=True, fit_s=fit_s)
+    elif len(lives) == 1:
+        log = lives[0].log
+    else:
+        log = exp.log.bind(rounds=[r.number for r in lives])
     log.info(
         "model.refit",
         nodes=[exp.model.order[j] for j in report.refit],

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agent import join
+from agent.decide import packed_vectors
 from agent.rounds import OPEN_STATUSES, LiveRound, RoundStatus
 from agent.timers import ack_window
 from connectors.schemas import Action
@@ -61,10 +62,10 @@ def recover(exp: Experiment) -> None:
     with exp.store.transaction():
         expiries = _renew_expiries(exp, rows, now)
     for row in rows:  # by round number, so open rounds stay in round order
-        exp.track(_live_round(exp, row, expiries.get(row.round, row.expires_at), now))
+        exp.track(_live_round(exp, row, expiries.get(row.round, row.expires_at)))
     published = [row.proposed_at for row in rows if row.attempt > 0]
     if published:  # the rate limit holds across restarts (a crash loop must not flood)
-        exp.last_publish_at = max(published)
+        exp.last_publish_at = exp.tick_of(max(published))
     readings = _replay_readings(exp)
     snapshot = _load_snapshot(exp)
     for oracle in exp.store.oracles(exp.name):
@@ -106,8 +107,10 @@ def _renew_expiries(exp: Experiment, rows: list[RoundRow], now: float) -> dict[i
     return renewed
 
 
-def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None, now: float) -> LiveRound:
-    """The stored round as the agent tracks it; its model round starts from what was applied."""
+def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> LiveRound:
+    """The stored round as the agent tracks it; its model round starts from what was applied.
+    Its timers restart now, on the monotonic clock."""
+    now = exp.ticks()
     status = RoundStatus(row.status)
     action = Action(
         experiment=exp.name,
@@ -118,6 +121,7 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None, now: f
         issued_at=row.proposed_at,
         attempt=max(row.attempt, 1),
         expires_at=expires_at,
+        vectors=packed_vectors(exp.spec),
     )
     # the model learns from what the device reported applied (clamped, say)
     applied = row.applied if row.applied is not None else row.intervention
@@ -133,7 +137,7 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None, now: f
         proposed_at=row.proposed_at,
         published_at=now if row.attempt > 0 else None,
         acked_at=now if status is RoundStatus.ACKED else None,
-        closed_at=row.status_at if status not in OPEN_STATUSES else None,
+        closed_at=exp.tick_of(row.status_at) if status not in OPEN_STATUSES else None,
     )
 
 

@@ -46,7 +46,13 @@ class Verdict:
 
 @dataclass
 class LiveRound:
-    """A round as the agent tracks it; `log` carries its experiment and number."""
+    """A round as the agent tracks it; `log` carries its experiment and number.
+
+    `proposed_at` is wall time (it is stored and sent). The timer fields — published_at,
+    acked_at, closed_at, last_reading_at, retry_at and expires_tick — are on the experiment's
+    monotonic clock (`Experiment.ticks`): timeouts and durations must not jump with the wall
+    clock. `expires_tick` is the action's `expires_at` (wall time, for devices) on that clock.
+    """
 
     number: int
     action: Action
@@ -62,6 +68,7 @@ class LiveRound:
     closed_at: float | None = None
     last_reading_at: float | None = None
     retry_at: float | None = None  # a device said "busy": re-publish then
+    expires_tick: float | None = None  # action.expires_at, on the monotonic clock
     pending: int | None = None  # the model's pending-point handle while the round is in flight
     readings: dict[str, float] = field(default_factory=dict)
     log: FilteringBoundLogger = field(init=False, repr=False, compare=False)

@@ -3,7 +3,11 @@
 One task per experiment (its *driver*) owns that experiment: it proposes (the policy runs in a
 worker thread), publishes actions, and drains the experiment's inbox in batches — so a round's
 readings update every node in one batched GP call, and nothing touches an experiment's model
-while its policy is thinking. The MQTT session only routes incoming messages to inboxes; it is
+while its policy is thinking. Hyperparameter refits and the rebuilds after them run in another
+worker thread on a copy of the data and are swapped in by the driver between batches
+(`agent.refits`): the event loop only decodes, checks, stores, appends rows and publishes.
+
+The MQTT session only routes incoming messages to inboxes; it is
 re-created after every reconnect (`connectors.mqtt.run_with_reconnect`), and drivers publish
 through a `Link` that waits for the current connection.
 
@@ -18,7 +22,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -26,6 +30,7 @@ import structlog
 from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
+from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
@@ -38,35 +43,61 @@ from connectors.mqtt import (
 from connectors.schemas import Ack, Action, DeadLetter, DecodeError, Oracle, Reading, decode, encode
 from connectors.signing import SignatureError, sign, unwrap
 from connectors.store import Store
-from connectors.topics import TopicError, Topics
+from connectors.topics import ParsedTopic, TopicError, Topics
 from core.spec import ExperimentSpec
 
 log = structlog.get_logger(__name__)
 
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
+INBOX_BYTES_LIMIT = 64 * 2**20  # per experiment: payload bytes waiting there, also a flood beyond
 COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
 BATCH_LIMIT = 2_000
 LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedback until this quiet
 LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
 SESSION_WAIT_S = 30.0  # how long lingering waits for a broker session to read what it queued
 DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
+DEAD_LETTERS_QUEUED = 100  # waiting to be published (a link down); beyond, stored only
+SENDERS_TRACKED = 10_000  # rate-limit buckets kept; the longest unseen sender is forgotten
 _KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
 
 
 class _TokenBucket:
-    """At most `rate` events per second per key, with bursts up to `burst`."""
+    """At most `rate` events per second per key, with bursts up to `burst`.
 
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst = rate, burst
-        self._tokens: dict[str, tuple[float, float]] = {}
+    At most `max_keys` keys are remembered (memory stays bounded whatever keys a flood makes
+    up); beyond, the key seen longest ago is forgotten, and starts again with a full burst.
+    """
 
-    def take(self, key: str) -> bool:
+    def __init__(self, rate: float, burst: float, max_keys: int = SENDERS_TRACKED) -> None:
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
+        self._tokens: collections.OrderedDict[object, tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def take(self, key: object) -> bool:
         now = time.monotonic()
-        tokens, last = self._tokens.get(key, (self.burst, now))
+        tokens, last = self._tokens.pop(key, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
         allowed = tokens >= 1.0
         self._tokens[key] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._tokens) > self.max_keys:
+            self._tokens.popitem(last=False)
         return allowed
+
+
+@dataclass(frozen=True)
+class _Letter:
+    """A dead letter waiting to be stored (`Store.add_dead_letter`'s arguments)."""
+
+    exp: Experiment
+    topic: str
+    reason: str
+    detail: str
+    payload: bytes
+    at: float
 
 
 @dataclass(frozen=True)
@@ -74,8 +105,8 @@ class _Incoming:
     kind: str
     message: IncomingMessage | None
     connection: MqttConnection | None = None  # acknowledged there once handled
-    at: float = 0.0  # when it was queued
-    sender: str = ""  # the device level of the topic: who sent it (the broker's ACL says so)
+    at: float = 0.0  # when it was queued: wall time; monotonic for "reconnected"
+    decoded: Reading | Ack | Oracle | None = None  # checked by the router
 
 
 class BrokerUnavailable(Exception):
@@ -142,6 +173,10 @@ class AgentService:
         specs: the experiments.
         on_event: receives every `RoundEvent` (the demo's live view).
         store: an open store to use instead of opening `config.store.path`.
+        on_learned: receives (experiment, [(reading, time.time() when routed)], time.time()
+            now) once a batch's readings are stored and learned (benchmarks measure latency).
+        background_refits: refits run beside the event loop (`agent.refits`); False runs them
+            inside the batch that makes them due, as before (benchmarks compare the two).
     """
 
     def __init__(
@@ -151,6 +186,8 @@ class AgentService:
         *,
         on_event: EventSink | None = None,
         store: Store | None = None,
+        on_learned: Callable[[str, list[tuple[Reading, float]], float], None] | None = None,
+        background_refits: bool = True,
     ) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
@@ -158,6 +195,8 @@ class AgentService:
         self.config = config
         self.specs = list(specs)
         self.on_event = on_event
+        self.on_learned = on_learned
+        self.background_refits = background_refits
         self.topics = Topics(config.topic_prefix)
         self.metrics = AgentMetrics()
         self.readiness = Readiness("broker_connected", "experiments_loaded")
@@ -168,9 +207,18 @@ class AgentService:
         self.handled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
-        self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
+        self.refits: dict[str, BackgroundRefits] = {}
+        self._inbox_bytes: collections.Counter[str] = collections.Counter()
+        self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
+            maxsize=DEAD_LETTERS_QUEUED
+        )
+        # rejected input to keep in the store, written beside the event loop in batches
+        self._letters_to_store: asyncio.Queue[_Letter] = asyncio.Queue(maxsize=DEAD_LETTERS_QUEUED)
         self._store = store
         self._letter_budget = _TokenBucket(DEAD_LETTERS_PER_S, burst=DEAD_LETTERS_PER_S)
+        self._sender_budget = _TokenBucket(
+            config.input.sender_rate_per_s, burst=config.input.sender_burst
+        )
         self.metrics_server: MetricsServer | None = None
         self._last_broker_error: str | None = None
 
@@ -211,8 +259,16 @@ class AgentService:
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
+                background_refits=self.background_refits,
             )
-            self._inboxes[spec.name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
+            self._inboxes[spec.name] = inbox
+            if self.background_refits:
+                wake = _Incoming("refitted", None)
+                self.refits[spec.name] = BackgroundRefits(
+                    self.experiments[spec.name],
+                    lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)
 
@@ -230,13 +286,14 @@ class AgentService:
             name="mqtt",
         )
         letters = asyncio.create_task(self._publish_dead_letters(), name="dead-letters")
+        kept = asyncio.create_task(self._store_dead_letters(), name="dead-letter-store")
         watchdog = asyncio.create_task(self._connect_deadline(), name="connect-deadline")
         drivers = [
             asyncio.create_task(self._driver(exp), name=f"drive:{exp.name}")
             for exp in self.experiments.values()
         ]
         try:
-            pending = {connection, watchdog, *drivers}
+            pending = {connection, watchdog, kept, *drivers}
             while any(task in pending for task in drivers):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -244,11 +301,12 @@ class AgentService:
                 if connection in done:
                     break
         finally:
-            for task in (connection, letters, watchdog, *drivers):
+            for task in (connection, letters, kept, watchdog, *drivers):
                 task.cancel()
-            for task in (connection, letters, watchdog, *drivers):
+            for task in (connection, letters, kept, watchdog, *drivers):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            self._write_letters(_drain(self._letters_to_store))  # what was still waiting
 
     # ------------------------------------------------------------------ broker reachability
     @property
@@ -283,7 +341,7 @@ class AgentService:
         self._subscribed.set()
         self.readiness.set("broker_connected", True)
         for inbox in self._inboxes.values():
-            self._offer(inbox, _Incoming("reconnected", None, at=time.time()))
+            self._offer(inbox, _Incoming("reconnected", None, at=time.monotonic()))
         log.info("agent.subscribed", experiments=list(self.experiments))
         try:
             async for message in connection.messages():
@@ -317,11 +375,40 @@ class AgentService:
             self._reject(parsed.experiment, parsed.kind, message, "unknown_experiment", detail)
             connection.ack(message)
             return
-        item = _Incoming(parsed.kind, message, connection, sender=parsed.device)
-        if not self._offer(inbox, item):
+        # Checked here, at once: what is rejected is acknowledged now, so a flood of invalid
+        # input never holds the broker's in-flight window (nor its queue) for the agent; only
+        # valid input waits in the inbox, unacknowledged until it is stored.
+        decoded = self._decode(parsed.experiment, parsed.kind, message, parsed.device)
+        if decoded is None or not self._within_rate(parsed, decoded, message):
+            connection.ack(message)
+            return
+        size = len(message.payload)
+        if self._inbox_bytes[parsed.experiment] + size > INBOX_BYTES_LIMIT or not self._offer(
+            inbox, _Incoming(parsed.kind, message, connection, time.time(), decoded=decoded)
+        ):
             # not acknowledged: with a persistent session the broker delivers it again later
-            detail = f"inbox of {parsed.experiment} holds {INBOX_LIMIT} unprocessed messages"
+            detail = (
+                f"inbox of {parsed.experiment} holds {inbox.qsize()} unprocessed messages "
+                f"({self._inbox_bytes[parsed.experiment]} bytes)"
+            )
             self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
+            return
+        self._inbox_bytes[parsed.experiment] += size
+
+    def _within_rate(
+        self, parsed: ParsedTopic, decoded: Reading | Ack | Oracle, message: IncomingMessage
+    ) -> bool:
+        """Whether the sender (its topic and the device it names) is within its rate; if not,
+        the message is rejected as `rate_limited` (acknowledged: it will not come back)."""
+        if self._sender_budget.take((message.topic, decoded.device_id)):
+            return True
+        config = self.config.input
+        detail = (
+            f"device {decoded.device_id!r} on {message.topic} sends more than "
+            f"{config.sender_rate_per_s:g} messages/s (bursts of {config.sender_burst})"
+        )
+        self._reject(parsed.experiment, parsed.kind, message, "rate_limited", detail)
+        return False
 
     @staticmethod
     def _offer(inbox: asyncio.Queue[_Incoming], item: _Incoming) -> bool:
@@ -337,7 +424,11 @@ class AgentService:
         runtime, the store, and the policy's worker thread (`asyncio.to_thread` copies the
         context)."""
         with structlog.contextvars.bound_contextvars(experiment=exp.name):
-            await self._drive(exp)
+            try:
+                await self._drive(exp)
+            finally:
+                if exp.name in self.refits:
+                    await self.refits[exp.name].close()
 
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
@@ -347,9 +438,9 @@ class AgentService:
                 await self._publish_action(exp, live.action)
                 exp.mark_published(live.number)
         while True:
-            for action in exp.due(time.time()):
+            for action in exp.due(exp.ticks()):
                 await self._publish_action(exp, action)
-            if self._may_propose(exp) and exp.can_propose(time.time()):
+            if self._may_propose(exp) and exp.can_propose(exp.ticks()):
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
@@ -360,9 +451,9 @@ class AgentService:
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
                 return
-            timeout = exp.next_deadline(time.time()) if exp.in_flight else None
+            timeout = exp.next_deadline(exp.ticks()) if exp.in_flight else None
             if exp.spec.schedule.min_interval_s and not exp.in_flight and not exp.finished:
-                timeout = exp.next_deadline(time.time())
+                timeout = exp.next_deadline(exp.ticks())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
 
@@ -428,9 +519,18 @@ class AgentService:
         return batch
 
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
-        readings: list[tuple[Reading, IncomingMessage]] = []
+        readings: list[tuple[Reading, _Incoming]] = []
+        refits = self.refits.get(exp.name)
+        if refits is not None:
+            # a refit finished beside the loop: swap it in before this batch is learned (a
+            # "refitted" item only wakes an idle driver; a full inbox may have refused it)
+            refits.install_ready()
         for item in batch:
-            if item.kind == "wake":  # only to re-check `_may_propose`
+            if item.message is not None:
+                self._inbox_bytes[exp.name] -= len(item.message.payload)
+        for item in batch:
+            # "refitted" wakes an idle driver to install a refit; "wake" re-checks `_may_propose`
+            if item.kind in ("refitted", "wake"):
                 continue
             if item.kind == "reconnected":
                 # what was published on an earlier connection (or before a restart) and never
@@ -441,50 +541,59 @@ class AgentService:
                     if earlier and live.acked_at is None and not live.action.expired(time.time()):
                         await self._publish_action(exp, exp.republish(live.number))
                 continue
-            decoded = self._decode(exp, item)
+            decoded = item.decoded
             if decoded is None:
                 continue
             if isinstance(decoded, Reading):
-                readings.append((decoded, item.message))
+                readings.append((decoded, item))
             elif isinstance(decoded, Ack):
                 self._account(exp, "ack", item.message, exp.on_ack(decoded))
             elif isinstance(decoded, Oracle):
                 self._account(exp, "oracle", item.message, exp.on_oracle(decoded))
         if readings:
             verdicts = exp.on_readings([reading for reading, _ in readings])
-            for (_, message), verdict in zip(readings, verdicts, strict=True):
-                self._account(exp, "reading", message, verdict)
+            for (_, item), verdict in zip(readings, verdicts, strict=True):
+                self._account(exp, "reading", item.message, verdict)
+            if self.on_learned is not None:
+                routed = [(reading, item.at) for reading, item in readings]
+                self.on_learned(exp.name, routed, time.time())
+        if refits is not None:
+            refits.maybe_start()  # a refit the schedule made due runs beside the loop
         # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.
         for item in batch:
             if item.connection is not None and item.message is not None:
                 item.connection.ack(item.message)
 
-    def _decode(self, exp: Experiment, item: _Incoming) -> Reading | Ack | Oracle | None:
+    def _decode(
+        self, experiment: str, kind: str, message: IncomingMessage, sender: str
+    ) -> Reading | Ack | Oracle | None:
+        """The message, decoded and checked against its topic and its sender (the device level
+        of the topic, which the broker's ACL vouches for); None (rejected) otherwise."""
         try:
-            payload = unwrap(item.message.payload, item.sender, self.device_keys)
+            payload = unwrap(message.payload, sender, self.device_keys)
         except SignatureError as error:
-            self.metrics.untrusted(exp.name, item.kind, error.reason)  # type: ignore[arg-type]
-            self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
+            self.metrics.untrusted(experiment, kind, error.reason)  # type: ignore[arg-type]
+            self._reject(experiment, kind, message, error.reason, error.detail)
             return None
         try:
-            decoded = decode(payload, _KIND_SCHEMAS[item.kind])
+            decoded = decode(payload, _KIND_SCHEMAS[kind])
         except DecodeError as error:
-            self._reject(exp.name, item.kind, item.message, error.reason, error.detail)
+            self._reject(experiment, kind, message, error.reason, error.detail)
             return None
-        if decoded.experiment != exp.name:
+        if decoded.experiment != experiment:
             self._reject(
-                exp.name,
-                item.kind,
-                item.message,
+                experiment,
+                kind,
+                message,
                 "experiment_mismatch",
-                f"payload names {decoded.experiment!r} on {exp.name}'s topic",
+                f"payload names {decoded.experiment!r} on {experiment}'s topic",
             )
             return None
-        refused = identity.refusal(exp.spec, item.sender, decoded)
+        refused = identity.refusal(self.experiments[experiment].spec, sender, decoded)
         if refused is not None:
             reason, detail = refused
-            self.metrics.untrusted(exp.name, item.kind, reason)
-            self._reject(exp.name, item.kind, item.message, reason, detail)
+            self.metrics.untrusted(experiment, kind, reason)
+            self._reject(experiment, kind, message, reason, detail)
             return None
         return decoded
 
@@ -520,13 +629,39 @@ class AgentService:
                 return  # a flood: counted and logged, not written (each letter is an fsync)
             letter = DeadLetter.for_rejected(message.topic, message.payload, reason, detail)
             exp = self.experiments[experiment]
-            exp.store.add_dead_letter(
-                experiment, message.topic, reason, detail, message.payload, letter.at
-            )
+            with contextlib.suppress(asyncio.QueueFull):  # full: the store is behind; log only
+                self._letters_to_store.put_nowait(
+                    _Letter(exp, message.topic, reason, detail, message.payload, letter.at)
+                )
             with contextlib.suppress(asyncio.QueueFull):
                 self._dead_letters.put_nowait((self.topics.deadletter(experiment), encode(letter)))
+
+    async def _store_dead_letters(self) -> None:
+        """Store dead letters in a worker thread, a batch per commit: each commit is an fsync,
+        which must not stall the event loop while a flood is being rejected."""
+        while True:
+            batch = [await self._letters_to_store.get(), *_drain(self._letters_to_store)]
+            await asyncio.to_thread(self._write_letters, batch)
+
+    @staticmethod
+    def _write_letters(batch: list[_Letter]) -> None:
+        by_experiment: dict[str, list[_Letter]] = {}
+        for letter in batch:
+            by_experiment.setdefault(letter.exp.name, []).append(letter)
+        for name, letters in by_experiment.items():
+            store = letters[0].exp.store
+            with store.transaction():
+                for letter in letters:
+                    store.add_dead_letter(
+                        name, letter.topic, letter.reason, letter.detail, letter.payload, letter.at
+                    )
 
     async def _publish_dead_letters(self) -> None:
         while True:
             topic, payload = await self._dead_letters.get()
             await self.link.publish(topic, payload)
+
+
+def _drain(queue: asyncio.Queue[_Letter]) -> list[_Letter]:
+    """Everything waiting in `queue` now, without waiting."""
+    return [queue.get_nowait() for _ in range(queue.qsize())]

@@ -23,8 +23,9 @@ import structlog
 
 from agent.config import AgentConfig
 from agent.experiment import Experiment
-from agent.runtime import AgentService, BrokerUnavailable
-from connectors.mqtt import BrokerConfig
+from agent.fatal import report_fatal
+from agent.runtime import AgentService
+from connectors.mqtt import BrokerConfig, tls_context
 from core.spec import ExperimentSpec
 
 log = structlog.get_logger(__name__)
@@ -85,21 +86,15 @@ class ServedAgent(AgentService):
 def run_service(specs: Sequence[ExperimentSpec], config: AgentConfig) -> int:
     """Serve the (checked) specs until they finish (or, with keep_serving, until signalled).
 
-    Returns 0 when done or stopped; 1 when no broker session started within
-    `broker.connect_timeout_s`, reported as one `agent.fatal` event.
+    Returns 0 when done or stopped; on a fault it cannot go on from (no broker session within
+    `broker.connect_timeout_s`, a store that cannot be written, a metrics port in use, TLS
+    files that cannot be used) one `agent.fatal` event and a non-zero exit (`agent.fatal`).
     """
     try:
+        tls_context(config.broker.to_broker_config(client_id="check"))
         asyncio.run(_until_signalled(ServedAgent(config, specs).run()))
-    except BrokerUnavailable as error:
-        log.error(
-            "agent.fatal",
-            reason="broker_unreachable",
-            broker=error.url,
-            waited_s=error.waited_s,
-            error=error.error,
-            detail=str(error),
-        )
-        return 1
+    except Exception as error:
+        return report_fatal("run", error)
     return 0
 
 
@@ -108,6 +103,10 @@ def run_simulator(env: str, broker: BrokerConfig, settings: Any, env_seed: int) 
     from sim.device import SimulatorDevice
     from sim.registry import make_environment
 
-    device = SimulatorDevice(make_environment(env, env_seed), broker, settings)
-    asyncio.run(_until_signalled(device.run()))
+    try:
+        tls_context(broker)
+        device = SimulatorDevice(make_environment(env, env_seed), broker, settings)
+        asyncio.run(_until_signalled(device.run()))
+    except Exception as error:
+        return report_fatal("sim", error)
     return 0

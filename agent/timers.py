@@ -3,6 +3,10 @@
 The loop asks `next_deadline` how long it may sleep and calls `due` when it wakes. Both start
 from `OpenRounds.earliest_timer`, a lower bound kept as rounds open, move and close, so a turn of
 the loop costs O(1) instead of a scan of every open round.
+
+Every instant here is on the experiment's monotonic clock (`Experiment.ticks`), never wall time:
+a wall clock stepped by NTP or by hand must not expire a round early nor hold it forever. Wall
+time appears only in what is stored and sent (`expires_at` in an action, for devices).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ def round_timers(live: LiveRound, schedule: ScheduleSpec) -> list[float]:
         timers = [live.published_at + schedule.ack_timeout_s]
         if live.retry_at is not None:
             timers.append(live.retry_at)
-        if live.action.expires_at is not None:
-            timers.append(live.action.expires_at)
+        if live.expires_tick is not None:
+            timers.append(live.expires_tick)
         return timers
     if live.status is RoundStatus.ACKED and live.acked_at is not None:
         return [live.acked_at + schedule.round_timeout_s]
@@ -82,7 +86,8 @@ class OpenRounds:
 
 
 def next_deadline(exp: Experiment, now: float) -> float:
-    """Seconds until something is due (an ack or round timeout, or the rate limit)."""
+    """Seconds until something is due (an ack or round timeout, or the rate limit); `now` on
+    the monotonic clock."""
     schedule = exp.spec.schedule
     deadlines = [exp.open.earliest_timer()]
     can_start = exp.in_flight < schedule.pipeline and not exp.finished
@@ -92,7 +97,8 @@ def next_deadline(exp: Experiment, now: float) -> float:
 
 
 def due(exp: Experiment, now: float) -> list[Action]:
-    """Handle timeouts: actions to re-publish now (closed or expired rounds are handled)."""
+    """Handle timeouts: actions to re-publish now (closed or expired rounds are handled);
+    `now` on the monotonic clock."""
     if now < exp.open.earliest_timer():
         return []
     exp.open.timers_moved()  # rounds re-published or closed below move the earliest timer
@@ -115,7 +121,7 @@ def _unacknowledged(exp: Experiment, live: LiveRound, now: float) -> Action | No
     """A published round still without its ack: expire it, or the action to publish again now
     (None: not yet). Until it expires, the action goes out again now and then."""
     schedule = exp.spec.schedule
-    expires_at = live.action.expires_at
+    expires_at = live.expires_tick
     if expires_at is not None and now >= expires_at:
         exp.end_round(live, RoundStatus.EXPIRED, now, "no ack by expires_at")
         return None

@@ -26,9 +26,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     which = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_gp_update(which)
     _add_ingest(which)
+    _add_latency(which)
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
+    _add_decision(which)
     _add_fleet(which)
 
 
@@ -67,10 +69,49 @@ def _regret(args: argparse.Namespace) -> int:
     return 1 if result.failed else 0
 
 
+def _decision(args: argparse.Namespace) -> int:
+    from bench import decision
+
+    try:
+        decision.run(
+            args.env, args.policy, args.rounds, args.seed, args.setting, args.json, args.threads
+        )
+    except decision.BadArguments as error:
+        print(f"cbo-agent bench decision: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from bench import ingest
 
-    ingest.run(args.env, args.rounds, args.latency_envs, args.latency_rounds, args.json)
+    try:
+        ingest.run(
+            args.env,
+            args.rounds,
+            args.latency_envs,
+            args.latency_rounds,
+            args.json,
+            repeats=args.repeats,
+        )
+    except ingest.QueueTooSmall as error:
+        print(f"cbo-agent bench ingest: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _latency(args: argparse.Namespace) -> int:
+    from bench import learn_latency
+
+    learn_latency.run(
+        args.env,
+        args.history,
+        args.rounds,
+        args.rate,
+        args.repeats,
+        tuple(args.modes),
+        args.json,
+    )
     return 0
 
 
@@ -174,8 +215,60 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
         "in examples/; none given: skip)",
     )
     ingest.add_argument("--latency-rounds", type=positive_int, default=20)
+    ingest.add_argument(
+        "--repeats", type=positive_int, default=5, help="interleaved runs per side (5)"
+    )
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
     ingest.set_defaults(handler=_ingest)
+
+
+def _add_latency(which: argparse._SubParsersAction) -> None:
+    latency = which.add_parser(
+        "latency",
+        help="reading -> stored -> learned latency per message while refits run (p50/p99)",
+    )
+    latency.add_argument("--env", default="alpine2", help="environment of the readings")
+    latency.add_argument(
+        "--history", type=positive_int, default=1000, help="rounds learned before (n per node)"
+    )
+    latency.add_argument(
+        "--rounds", type=positive_int, default=100, help="rounds whose readings are timed"
+    )
+    latency.add_argument("--rate", type=float, default=100.0, help="readings per second sent (100)")
+    latency.add_argument("--repeats", type=positive_int, default=5, help="runs per mode (5)")
+    latency.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["beside", "inline"],
+        default=["beside", "inline"],
+        help="refits beside the loop (the service) and/or inside the batch (before)",
+    )
+    latency.add_argument("--json", type=Path, help="write the results as JSON here")
+    latency.set_defaults(handler=_latency)
+
+
+def _add_decision(which: argparse._SubParsersAction) -> None:
+    decision = which.add_parser(
+        "decision", help="proposal time per round (p50, p95) on every shipped example"
+    )
+    decision.add_argument(
+        "--env", nargs="+", metavar="E", help="environments (default: every one with a spec)"
+    )
+    decision.add_argument("--policy", help="policy for every environment (default: the spec's)")
+    decision.add_argument("--rounds", type=positive_int, default=20, help="policy rounds (20)")
+    decision.add_argument("--seed", type=int, default=0, help="episode seed (0)")
+    decision.add_argument(
+        "--setting",
+        type=_policy_setting,
+        action="append",
+        default=[],
+        metavar="[POLICY:]KEY=VALUE",
+        help="policy setting, value parsed as YAML (POLICY: only where that policy runs); "
+        "repeatable",
+    )
+    decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
+    decision.add_argument("--json", type=Path, help="write the rows as JSON here")
+    decision.set_defaults(handler=_decision)
 
 
 def _add_chaos(which: argparse._SubParsersAction) -> None:

@@ -1,13 +1,18 @@
 """`cbo-agent bench ingest`: feedback throughput through a real Mosquitto, and decision latency.
 
-Throughput. A local Mosquitto (unlimited queues and in-flight window) holds N queued readings for
-each receiver's persistent session; each receiver then connects and drains them, timed from
-the moment it is subscribed to the moment the last reading is handled:
+Throughput. A local Mosquitto with the shipped configuration (`deploy/mosquitto/mosquitto.conf`:
+its in-flight window, queue limits and persistence; `bench.harness.shipped_broker`) holds N
+queued readings for each receiver's persistent session; each receiver then connects and drains
+them, timed from the moment it is subscribed to the moment the last reading is handled:
   bare   an aiomqtt subscriber that only counts messages (the ceiling of the client stack);
   agent  the service: decode and validate, join to rounds, store durably (SQLite, fsync),
-         update every node's GP (row appends), acknowledge.
+         update every node's GP (row appends), acknowledge — with the spec's default model
+         settings, so refits run (beside the event loop) as they would in production.
 The agent's experiment holds R acknowledged rounds (proposed in-process beforehand), and the
 readings are those the environment produces for them, so every one is accepted and teaches.
+Each side runs `repeats` times (5 by default), interleaved and alternating which goes first,
+each run with a fresh session and a fresh copy of the prepared store; the table reports the
+medians and the spread (min–max), and agent/bare per pair of runs.
 
 Decision latency. For each environment, the service runs K rounds against the simulator device
 over the same broker; the latency of a round is the time from its last reading to the next action
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import statistics
 import tempfile
 import time
@@ -39,8 +45,9 @@ from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
 from agent.runtime import AgentService
+from bench.harness.shipped_broker import ShippedBroker, shipped_broker
 from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
-from connectors.mosquitto import MosquittoBroker, MosquittoOptions
+from connectors.mosquitto import MosquittoBroker
 from connectors.mqtt import BrokerConfig, MqttConnection
 from connectors.schemas import Ack, Reading, encode
 from connectors.store import Store
@@ -50,23 +57,51 @@ from core.spec import ExperimentSpec, load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import environment_names, make_environment
 
-_BROKER_LINES = ("max_queued_messages 0", "max_queued_bytes 0", "max_inflight_messages 0")
 TOPICS = Topics()
 WAIT_S = 600.0
 ALL = "all"  # stands for every environment with a spec in examples/
 
 
+class QueueTooSmall(ValueError):
+    """The shipped broker configuration cannot queue the readings the benchmark sends."""
+
+
 @dataclass
 class IngestResult:
+    """`repeats` interleaved runs of each side; rates in messages per second."""
+
     readings: int
     rounds: int
     nodes: int
-    bare_msgs_per_s: float
-    agent_msgs_per_s: float
+    broker: str
+    bare_runs: list[float]
+    agent_runs: list[float]
+
+    @property
+    def bare_msgs_per_s(self) -> float:
+        return statistics.median(self.bare_runs)
+
+    @property
+    def agent_msgs_per_s(self) -> float:
+        return statistics.median(self.agent_runs)
+
+    @property
+    def ratios(self) -> list[float]:
+        """agent/bare of each pair of runs (the same repeat)."""
+        return [a / b for a, b in zip(self.agent_runs, self.bare_runs, strict=True)]
 
     @property
     def ratio(self) -> float:
-        return self.agent_msgs_per_s / self.bare_msgs_per_s
+        return statistics.median(self.ratios)
+
+    def summary(self) -> dict:
+        return {
+            **asdict(self),
+            "bare_msgs_per_s": self.bare_msgs_per_s,
+            "agent_msgs_per_s": self.agent_msgs_per_s,
+            "ratios": self.ratios,
+            "ratio": self.ratio,
+        }
 
 
 @dataclass
@@ -90,12 +125,11 @@ def _throughput_spec(env: str, rounds: int) -> ExperimentSpec:
             "schedule": spec.schedule.model_copy(
                 update={"max_rounds": rounds, "round_timeout_s": 3600.0, "ack_timeout_s": 3600.0}
             ),
-            "model": spec.model.model_copy(update={"refit_every": None, "misfit_z": None}),
         }
     )
 
 
-def _prepare_rounds(
+def prepare_rounds(
     env_name: str, spec: ExperimentSpec, store_path: Path, seed: int
 ) -> list[Reading]:
     """R acknowledged rounds in the agent's store, and the readings the environment gives."""
@@ -164,8 +198,8 @@ def _session_config(port: int, client_id: str) -> BrokerConfig:
     )
 
 
-async def _bare_rate(port: int, payloads: list[bytes], topic: str) -> float:
-    config = _session_config(port, "bench-bare")
+async def _bare_rate(port: int, payloads: list[bytes], topic: str, client_id: str) -> float:
+    config = _session_config(port, client_id)
     async with MqttConnection(config) as connection:
         await connection.subscribe(topic)
     await asyncio.to_thread(_fill, port, payloads, topic)
@@ -179,10 +213,10 @@ async def _bare_rate(port: int, payloads: list[bytes], topic: str) -> float:
 
 
 async def _agent_rate(
-    port: int, spec: ExperimentSpec, store_path: Path, payloads: list[bytes]
+    port: int, spec: ExperimentSpec, store_path: Path, payloads: list[bytes], agent_id: str
 ) -> float:
     config = AgentConfig(
-        agent_id="bench-agent",
+        agent_id=agent_id,
         broker=BrokerSection(url=f"mqtt://127.0.0.1:{port}"),
         metrics=MetricsSection(port=0),
         store=StoreSection(path=str(store_path)),
@@ -224,15 +258,48 @@ async def _run_until(service: AgentService, done, poll_s: float = 0.01) -> None:
 
 
 async def measure_throughput(
-    env: str, rounds: int, broker: MosquittoBroker, workdir: Path, seed: int = 0
+    env: str,
+    rounds: int,
+    broker: MosquittoBroker,
+    workdir: Path,
+    shipped: ShippedBroker,
+    repeats: int = 5,
+    seed: int = 0,
 ) -> IngestResult:
+    """`repeats` runs of each side, interleaved, alternating which side goes first."""
     spec = _throughput_spec(env, rounds)
-    store_path = workdir / "ingest.sqlite"
-    readings = await asyncio.to_thread(_prepare_rounds, env, spec, store_path, seed)
+    prepared = workdir / "ingest-prepared.sqlite"
+    readings = await asyncio.to_thread(prepare_rounds, env, spec, prepared, seed)
+    limit = shipped.max_queued_messages
+    if limit and len(readings) > limit:
+        raise QueueTooSmall(
+            f"the shipped broker configuration queues at most {limit} messages per session "
+            f"(max_queued_messages in {shipped.path}); {rounds} rounds of {env} send "
+            f"{len(readings)}: use --rounds {limit // max(len(readings) // rounds, 1)} or fewer"
+        )
     payloads = [encode(reading) for reading in readings]
-    bare = await _bare_rate(broker.port, payloads, TOPICS.reading(spec.name, spec.actuator_id))
-    agent = await _agent_rate(broker.port, spec, store_path, payloads)
-    return IngestResult(len(payloads), rounds, len(spec.nodes), bare, agent)
+    bare_runs: list[float] = []
+    agent_runs: list[float] = []
+    for repeat in range(repeats):
+
+        async def bare(repeat: int = repeat) -> None:
+            topic = TOPICS.reading(spec.name, spec.actuator_id)
+            rate = await _bare_rate(broker.port, payloads, topic, f"bench-bare-{repeat}")
+            bare_runs.append(rate)
+
+        async def agent(repeat: int = repeat) -> None:
+            store_path = workdir / f"ingest-{repeat}.sqlite"
+            await asyncio.to_thread(shutil.copyfile, prepared, store_path)
+            rate = await _agent_rate(
+                broker.port, spec, store_path, payloads, f"bench-agent-{repeat}"
+            )
+            agent_runs.append(rate)
+
+        for side in (bare, agent) if repeat % 2 == 0 else (agent, bare):
+            await side()
+    return IngestResult(
+        len(payloads), rounds, len(spec.nodes), shipped.describe(), bare_runs, agent_runs
+    )
 
 
 # ---------------------------------------------------------------------- decision latency
@@ -360,21 +427,28 @@ def run(
     latency_rounds: int = 20,
     json_path: Path | None = None,
     console: Console | None = None,
+    repeats: int = 5,
 ) -> tuple[IngestResult, list[LatencyResult]]:
-    """Throughput of `rounds` rounds of `env`, then the latency of each of `latency_envs`
-    (see `latency_env_names`: None or "all" = every environment with a spec; [] = none)."""
+    """Throughput of `rounds` rounds of `env` (`repeats` runs per side), then the latency of
+    each of `latency_envs` (see `latency_env_names`: None or "all" = every environment with a
+    spec; [] = none).
+
+    Raises:
+        QueueTooSmall: the shipped broker configuration cannot queue that many readings.
+    """
     console = console or wide_console()
     latency_envs = latency_env_names(latency_envs)
+    shipped = shipped_broker()
     with tempfile.TemporaryDirectory(prefix="cbo-ingest-") as tmp:
         workdir = Path(tmp)
         with (
-            MosquittoBroker(
-                workdir / "mosquitto", MosquittoOptions(extra_lines=_BROKER_LINES)
-            ) as broker,
+            MosquittoBroker(workdir / "mosquitto", shipped.options(workdir)) as broker,
             progress_bar(console) as progress,
         ):
             task = progress.add_task("ingest", total=1 + len(latency_envs))
-            throughput = asyncio.run(measure_throughput(env, rounds, broker, workdir))
+            throughput = asyncio.run(
+                measure_throughput(env, rounds, broker, workdir, shipped, repeats)
+            )
             progress.advance(task)
             latencies = []
             for name in latency_envs:
@@ -383,11 +457,22 @@ def run(
                     asyncio.run(measure_latency(name, latency_rounds, broker, workdir))
                 )
                 progress.advance(task)
+    spread = lambda runs: f"{min(runs):,.0f}-{max(runs):,.0f}"  # noqa: E731
     print_table(
         f"Feedback ingest through Mosquitto ({throughput.readings} readings, "
-        f"{throughput.rounds} rounds of {throughput.nodes} nodes)",
-        ["bare msgs/s", "agent msgs/s", "agent/bare"],
-        [(throughput.bare_msgs_per_s, throughput.agent_msgs_per_s, throughput.ratio)],
+        f"{throughput.rounds} rounds of {throughput.nodes} nodes; {len(throughput.bare_runs)} "
+        f"interleaved runs per side, medians; {throughput.broker})",
+        ["bare msgs/s", "(min-max)", "agent msgs/s", "(min-max)", "agent/bare", "(min-max)"],
+        [
+            (
+                throughput.bare_msgs_per_s,
+                spread(throughput.bare_runs),
+                throughput.agent_msgs_per_s,
+                spread(throughput.agent_runs),
+                throughput.ratio,
+                f"{min(throughput.ratios):.2f}-{max(throughput.ratios):.2f}",
+            )
+        ],
         console,
     )
     if latencies:
@@ -413,7 +498,7 @@ def run(
             json_path,
             {
                 "machine": machine_info(),
-                "ingest": {**asdict(throughput), "ratio": throughput.ratio},
+                "ingest": throughput.summary(),
                 "decision_latency": [asdict(r) for r in latencies],
             },
         )

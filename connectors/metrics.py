@@ -4,7 +4,8 @@
 agents in one process do not collide) and has one small method per thing the agent reports.
 Every series carries an `experiment` label.
 
-`MetricsServer` serves, from a daemon thread on the stdlib's ThreadingHTTPServer:
+`MetricsServer` serves, from one daemon thread (`connectors.http_server`: an event loop with
+read and write timeouts and a bounded number of connections):
 
 - ``/metrics``  text exposition of the private registry
 - ``/healthz``  200 "ok" while the process is alive
@@ -17,15 +18,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Final, Literal, Self, get_args
-from urllib.parse import urlsplit
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from connectors.http_server import BoundedHttpServer, Limits, Reply
 from connectors.topics import DEVICE_TOPIC_KINDS
 
 log = structlog.get_logger(__name__)
@@ -86,8 +86,9 @@ class AgentMetrics:
             "cbo_simple_regret", "Optimum − E[y|best action so far], from the oracle."
         )
         self._regret_upper_estimate = self._gauge(
-            "cbo_regret_upper_estimate",
-            "Model-based upper estimate of cumulative regret (no oracle: real systems).",
+            "cbo_regret_model_estimate",
+            "Model-based estimate of cumulative regret: sum over rounds of UCB(best candidate) "
+            "- LCB(chosen), from the experiment's own model (no oracle: real systems).",
         )
         self._reward_last = self._gauge("cbo_reward_last", "Reward observed in the last round.")
         self._reward_best = self._gauge("cbo_reward_best", "Best reward observed so far.")
@@ -304,10 +305,22 @@ class Readiness:
         return (not waiting, "ready" if not waiting else "waiting for: " + ", ".join(waiting))
 
 
+class MetricsUnavailable(Exception):
+    """The endpoints cannot listen where asked (a port in use, an address not of this host)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(f"cannot listen on {host}:{port} for /metrics: {error.strerror or error}")
+        self.address = f"{host}:{port}"
+
+
 class MetricsServer:
     """HTTP endpoints for Prometheus and for orchestrators' probes; a context manager.
 
-    `port=0` picks a free port; `port` tells which one was bound once started.
+    Served by `connectors.http_server.BoundedHttpServer`: one thread with its own event loop,
+    read and write timeouts and a bounded number of connections, so slow or half-open clients
+    cannot exhaust threads or lock the probes out. `port=0` picks a free port; `port` tells
+    which one was bound once started. `start` raises MetricsUnavailable when the address cannot
+    be bound.
     """
 
     def __init__(
@@ -317,51 +330,58 @@ class MetricsServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        limits: Limits | None = None,
     ) -> None:
-        self._registry = registry
-        self._readiness = readiness
-        self._address = (host, port)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server = BoundedHttpServer(
+            {
+                "/metrics": lambda: Reply(
+                    HTTPStatus.OK, generate_latest(registry), CONTENT_TYPE_LATEST
+                ),
+                "/healthz": lambda: Reply(HTTPStatus.OK, b"ok\n"),
+                "/readyz": lambda: _readiness_reply(readiness),
+            },
+            host=host,
+            port=port,
+            limits=limits,
+            name="metrics-http",
+        )
+        self._address_port = port
+        self._started = False
+
+    @property
+    def http(self) -> BoundedHttpServer:
+        """The server underneath (its limits and counters)."""
+        return self._server
 
     @property
     def port(self) -> int:
         """The bound port (only once started)."""
-        if self._server is None:
+        if not self._started:
             raise RuntimeError("metrics server not started")
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:9464``."""
-        return f"http://{self._address[0]}:{self.port}"
+        return f"http://{self._server.host}:{self.port}"
 
     def start(self) -> None:
         """Bind and serve in a daemon thread."""
-        if self._server is not None:
+        if self._started:
             raise RuntimeError("metrics server already started")
-        server = ThreadingHTTPServer(self._address, _handler_class(self._registry, self._readiness))
-        server.daemon_threads = True  # a stuck scrape must not block shutdown
-        self._server = server
-        # serve_forever polls for shutdown; 0.1 s makes close() quick at 10 idle wakeups/s.
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="metrics-http",
-            daemon=True,
-        )
-        self._thread.start()
-        log.info("metrics.serving", host=self._address[0], port=self.port)
+        try:
+            self._server.start()
+        except OSError as error:
+            raise MetricsUnavailable(self._server.host, self._address_port, error) from None
+        self._started = True
+        log.info("metrics.serving", host=self._server.host, port=self.port)
 
     def close(self) -> None:
         """Stop serving and release the port; safe to call twice."""
-        server, self._server = self._server, None
-        if server is None:
+        if not self._started:
             return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._started = False
+        self._server.close()
         log.info("metrics.stopped")
 
     def __enter__(self) -> Self:
@@ -377,40 +397,10 @@ class MetricsServer:
         self.close()
 
 
-def _handler_class(
-    registry: CollectorRegistry, readiness: ReadinessCheck
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = urlsplit(self.path).path
-            if path == "/metrics":
-                self._reply(HTTPStatus.OK, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._reply(HTTPStatus.OK, b"ok\n")
-            elif path == "/readyz":
-                self._reply_readiness()
-            else:
-                self._reply(HTTPStatus.NOT_FOUND, b"not found\n")
-
-        def _reply_readiness(self) -> None:
-            try:
-                ready, reason = readiness()
-            except Exception as error:  # a broken check means "not ready", never a dead server
-                ready, reason = False, f"readiness check failed: {error!r}"
-            status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
-            self._reply(status, (reason + "\n").encode("utf-8"))
-
-        def _reply(
-            self, status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8"
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            # The stdlib writes every request to stderr; scrapes are routine, keep them quiet.
-            log.debug("metrics.request", line=format % args)
-
-    return Handler
+def _readiness_reply(readiness: ReadinessCheck) -> Reply:
+    try:
+        ready, reason = readiness()
+    except Exception as error:  # a broken check means "not ready", never a dead server
+        ready, reason = False, f"readiness check failed: {error!r}"
+    status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+    return Reply(status, (reason + "\n").encode("utf-8"))

@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, Self
 from urllib.parse import unquote, urlsplit
 
 import aiomqtt
+import paho.mqtt.client as paho
 import structlog
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
@@ -75,6 +76,10 @@ class ConnectionLostError(MqttConnectionError):
     """An established connection broke (broker gone, network down, keepalive expired)."""
 
 
+class TlsOptionsError(ValueError):
+    """A CA, certificate or key file that cannot be read or used; retrying will not help."""
+
+
 class SubscribeRefusedError(Exception):
     """The broker refused a subscription (an ACL, a bad filter); retrying will not help."""
 
@@ -106,6 +111,11 @@ class BrokerConfig(BaseModel):
     # stored them: with a persistent session, what was received but not yet stored when the
     # process died is delivered again.
     manual_ack: bool = False
+    # MQTT v5 Receive Maximum: at most this many QoS 1 messages sent to us and not yet
+    # acknowledged (None: the protocol's 65,535). With manual acks this bounds what the client
+    # holds in memory whatever a flood sends; over 3.1.1 the broker's own limit applies
+    # (Mosquitto's max_inflight_messages).
+    receive_maximum: int | None = Field(default=None, ge=1, le=65535)
     timeout_s: float = Field(default=10.0, gt=0)  # CONNACK, SUBACK and PUBACK waits
     # Under "auto", how long a v5 CONNECT may go unanswered before trying 3.1.1: some 3.1.1
     # brokers (amqtt) choke on a v5 CONNECT carrying a will and never answer at all.
@@ -345,8 +355,7 @@ class MqttConnection:
         client = self._client
         if client is None:
             return False
-        # aiomqtt does not expose paho's manual acknowledgement; paho's client is its `_client`.
-        return client._client.ack(message.mid, message.qos) == 0
+        return paho_client(client).ack(message.mid, message.qos) == 0
 
     async def messages(self) -> AsyncIterator[IncomingMessage]:
         """Messages of every subscription, in arrival order; ConnectionLostError when it breaks."""
@@ -377,7 +386,7 @@ class MqttConnection:
         client = self._build_client(protocol, timeout_s)
         if config.manual_ack:
             # before connecting: a persistent session's queued messages arrive at once
-            client._client.manual_ack_set(True)
+            paho_client(client).manual_ack_set(True)
         try:
             await client.__aenter__()
         except aiomqtt.MqttError as error:
@@ -397,7 +406,7 @@ class MqttConnection:
             version_options = {
                 "protocol": aiomqtt.ProtocolVersion.V5,
                 "clean_start": config.clean_start,
-                "properties": _connect_properties(config.session_expiry_s),
+                "properties": _connect_properties(config.session_expiry_s, config.receive_maximum),
             }
         else:
             version_options = {
@@ -413,7 +422,7 @@ class MqttConnection:
             keepalive=config.keepalive,
             timeout=timeout_s,
             will=self._last_will(),
-            tls_context=_tls_context(config),
+            tls_context=tls_context(config),
             **version_options,
         )
 
@@ -452,9 +461,27 @@ def _abandon(client: aiomqtt.Client) -> None:
     aiomqtt leaves the socket open (and registered with the event loop) when no CONNACK comes
     in time; paho would only drop it after 1.5 keepalives. paho's own disconnect() closes it.
     """
-    paho_client = getattr(client, "_client", None)
-    if paho_client is not None:
-        paho_client.disconnect()
+    inner = getattr(client, "_client", None)  # see `paho_client`; never raise on this path
+    if inner is not None:
+        inner.disconnect()
+
+
+def paho_client(client: aiomqtt.Client) -> paho.Client:
+    """The paho client under an aiomqtt client: its private `_client`, the one way to paho's
+    manual acknowledgement (aiomqtt has no public one). pyproject pins aiomqtt to the tested
+    range, and tests/test_connectors_mqtt.py checks this on the installed version.
+
+    Raises:
+        RuntimeError: the installed aiomqtt keeps no paho client there (a version outside the
+            pinned range).
+    """
+    inner = getattr(client, "_client", None)
+    if not isinstance(inner, paho.Client):
+        raise RuntimeError(
+            f"aiomqtt {aiomqtt.__version__} keeps no paho client in `Client._client`; "
+            "manual acknowledgement needs the pinned aiomqtt (see pyproject.toml)"
+        )
+    return inner
 
 
 def _connect_error(
@@ -487,21 +514,41 @@ def _reason_value(code: Any) -> int:
     return int(getattr(code, "value", code))
 
 
-def _connect_properties(session_expiry_s: int) -> Properties | None:
-    if session_expiry_s == 0:
-        return None  # 0 is the protocol default: the session ends with the connection
+def _connect_properties(session_expiry_s: int, receive_maximum: int | None) -> Properties | None:
+    if session_expiry_s == 0 and receive_maximum is None:
+        return None  # the protocol's defaults
     properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = session_expiry_s
+    if session_expiry_s:  # 0 is the protocol default: the session ends with the connection
+        properties.SessionExpiryInterval = session_expiry_s
+    if receive_maximum is not None:
+        properties.ReceiveMaximum = receive_maximum
     return properties
 
 
-def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The TLS context of `config` (None without TLS); TlsOptionsError naming the file and the
+    cause when a CA, certificate or key cannot be read or used. Call it before connecting to
+    check the options once, at start."""
     if not config.tls:
         return None
-    context = ssl.create_default_context(cafile=config.ca_file)
+    try:
+        context = ssl.create_default_context(cafile=config.ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise TlsOptionsError(f"ca_file {config.ca_file}: {_ssl_cause(error)}") from None
     if config.cert_file is not None:
-        context.load_cert_chain(config.cert_file, config.key_file)
+        try:
+            context.load_cert_chain(config.cert_file, config.key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise TlsOptionsError(
+                f"cert_file {config.cert_file} / key_file {config.key_file}: {_ssl_cause(error)}"
+            ) from None
     return context
+
+
+def _ssl_cause(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
 
 
 @dataclass(frozen=True)

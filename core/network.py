@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.gp import GPConfig, IncrementalGP, LearnReport
+from core.gp.refit import RefitJob, RefitResult
 from core.reward import RewardFunction
 from core.spec import ExperimentSpec
 
@@ -89,6 +90,9 @@ class NetworkModel:
     Args:
         spec: the experiment spec (graph, actions, noise, model settings).
         dtype, device: of every GP (float64 by default).
+        deferred_refits: learning only appends rows; due refits (and drift rebuilds) wait for
+            the caller to run them beside the model (`refit_jobs`, `install`). False: they run
+            inside the learn call that makes them due.
     """
 
     def __init__(
@@ -97,8 +101,10 @@ class NetworkModel:
         *,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
+        deferred_refits: bool = False,
     ) -> None:
         self.spec = spec
+        self.deferred_refits = deferred_refits
         self.dtype, self.device = dtype, torch.device(device)
         self.reward_node = spec.reward.node
         # A decomposed reward (paper 003) is g(components), known: it has no GP of its own.
@@ -157,6 +163,7 @@ class NetworkModel:
             refit_every=settings.refit_every,
             misfit_z=settings.misfit_z,
             window=settings.window,
+            deferred=self.deferred_refits,
         )
 
     def action_bounds(self) -> torch.Tensor:
@@ -309,6 +316,21 @@ class NetworkModel:
     def _mark_learned(rows: Sequence[tuple[Round, str]]) -> None:
         for record, node in rows:
             record.learned.add(node)
+
+    # ------------------------------------------------------------------ refits beside the model
+    def refit_jobs(self) -> dict[str, RefitJob]:
+        """The due refits of the node GPs ("nodes") and of the flat GP ("flat", once built),
+        copied out to run beside the model (`core.gp.refit.run_refit`); empty when none."""
+        gps = {"nodes": self.gp, "flat": self._flat}
+        jobs = {key: gp.refit_job() for key, gp in gps.items() if gp is not None}
+        return {key: job for key, job in jobs.items() if job is not None}
+
+    def install(self, key: str, result: RefitResult) -> LearnReport:
+        """Swap in the result of `refit_jobs()[key]` (see `IncrementalGP.install`)."""
+        gp = self.gp if key == "nodes" else self._flat
+        if gp is None:
+            raise KeyError(f"no GP {key!r} to install a refit in")
+        return gp.install(result)
 
     def learn(
         self, intervention: Intervention, readings: Readings, *, refit: bool = True

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 
 from sim.ackley import Ackley
+from sim.additive_er import DIMENSIONS, AdditiveER
 from sim.alpine2 import Alpine2
 from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
@@ -46,6 +47,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "key2": lambda seed: KEY2.create(seed),
     "key3": lambda seed: KEY3.create(seed),
     "mc": lambda seed: MC.create(seed),
+    # paper 000's synthetic additive functions: the graph per D, the functions per seed
+    **{f"additive-er-{d}": functools.partial(AdditiveER, d) for d in DIMENSIONS},
 }
 
 

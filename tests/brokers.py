@@ -31,8 +31,19 @@ __all__ = [
     "find_mosquitto",
     "free_port",
     "generate_test_pki",
+    "shipped_limits",
     "wait_for_port",
 ]
+
+
+SHIPPED_CONF = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto" / "mosquitto.conf"
+
+
+def shipped_limits() -> tuple[str, ...]:
+    """The queue and in-flight lines (`max_*`) of the shipped deploy/mosquitto/mosquitto.conf,
+    for a test broker that must behave as the deployment's does under load."""
+    lines = SHIPPED_CONF.read_text().splitlines()
+    return tuple(line.strip() for line in lines if line.strip().startswith("max_"))
 
 
 def generate_test_pki(directory: Path, timeout_s: float = 10.0) -> TlsListener:

@@ -198,3 +198,22 @@ def test_the_default_client_id_is_one_per_store_and_experiments(tmp_path):
     assert first != client_id(tmp_path / "a.sqlite", ["dropwave"])
     assert client_id(tmp_path / "a.sqlite", ["x"], agent_id="line-3") == "line-3"  # configured
     assert load_config(environ={"CBO_AGENT_ID": "cbo-agent"}).client_id(["x"]) == "cbo-agent"
+
+
+def test_the_broker_password_comes_from_a_file(tmp_path):
+    from agent.config import ConfigError, load_config
+
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret:with spaces\nignored second line\n")
+    config = load_config(environ={"CBO_BROKER_PASSWORD_FILE": str(secret)})
+    assert config.broker.password is not None
+    assert config.broker.password.get_secret_value() == "s3cret:with spaces"
+    assert "s3cret" not in repr(config)
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(environ={"CBO_BROKER_PASSWORD_FILE": str(secret), "CBO_BROKER_PASSWORD": "x"})
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match=f"password file {missing}: No such file"):
+        load_config(overrides={("broker", "password_file"): str(missing)}, environ={})
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(environ={"CBO_BROKER_PASSWORD_FILE": str(tmp_path / "empty")})

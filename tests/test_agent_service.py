@@ -119,7 +119,7 @@ async def test_service_runs_rounds_through_mosquitto(mosquitto, tmp_path):
     label = (("experiment", "svc"),)
     assert scraped[("cbo_rounds_total", label)] >= 1
     assert ("cbo_cumulative_regret", label) in scraped
-    assert scraped[("cbo_regret_upper_estimate", label)] >= 0
+    assert scraped[("cbo_regret_model_estimate", label)] >= 0
     assert (
         scraped[
             (

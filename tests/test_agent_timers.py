@@ -94,3 +94,52 @@ def test_open_rounds_and_the_next_deadline_match_a_scan_of_every_round(operation
                 # every timer that had come is handled: what is left lies ahead
                 assert earliest(exp) > clock.now
             check(exp, clock.now)
+
+
+def test_timeouts_follow_the_monotonic_clock_not_wall_time():
+    """A wall clock stepped by days (NTP, an operator) neither fires nor holds back a timeout;
+    what is stored and sent keeps wall time."""
+    wall, ticks = Clock(), Clock()
+    ticks.now = 5.0  # unrelated to the wall clock, as time.monotonic is
+    store = Store(":memory:")
+    exp = Experiment(chain_spec(), store, clock=wall, ticks=ticks)
+    schedule = exp.spec.schedule
+    live = exp.propose()
+    exp.mark_published(live.number)
+    assert live.action.expires_at == wall.now + schedule.ack_timeout_s * (schedule.ack_retries + 1)
+    wall.now += 86_400.0  # a day forward: nothing is due
+    assert exp.due(ticks.now) == []
+    assert exp.next_deadline(ticks.now) == schedule.ack_timeout_s
+    wall.now -= 3 * 86_400.0  # two days back: the ack timeout still fires on time
+    ticks.now += schedule.ack_timeout_s
+    (again,) = exp.due(ticks.now)
+    assert again.action_id == live.action.action_id and again.attempt == 2
+    assert again.issued_at == wall.now  # messages carry wall time
+    exp.on_ack(ack(exp, live.number))
+    ticks.now += schedule.round_timeout_s - 0.5
+    wall.now += 10 * 86_400.0
+    assert exp.due(ticks.now) == [] and exp.rounds[live.number].status is RoundStatus.ACKED
+    ticks.now += 0.5
+    exp.due(ticks.now)
+    assert exp.rounds[live.number].status is RoundStatus.CLOSED
+    (row,) = store.rounds(exp.name)
+    assert row.status_at == wall.now  # the store keeps wall time
+
+
+def test_expiry_is_kept_on_the_monotonic_clock():
+    wall, ticks = Clock(), Clock()
+    ticks.now = 0.0
+    exp = Experiment(chain_spec(), Store(":memory:"), clock=wall, ticks=ticks)
+    schedule = exp.spec.schedule
+    window = schedule.ack_timeout_s * (schedule.ack_retries + 1)
+    live = exp.propose()
+    exp.mark_published(live.number)
+    assert live.expires_tick == window
+    wall.now += 10 * window  # the wall clock passes expires_at: the agent does not care
+    ticks.now = window - 1e-6
+    for action in exp.due(ticks.now):
+        assert action.action_id == live.action.action_id
+    assert exp.rounds[live.number].status is RoundStatus.PUBLISHED
+    ticks.now = window
+    exp.due(ticks.now)
+    assert exp.rounds[live.number].status is RoundStatus.EXPIRED

@@ -33,3 +33,42 @@ def test_an_unknown_name_is_refused_before_anything_runs():
         ingest.latency_env_names(["sir", "nowhere"])
     with pytest.raises(ValueError, match="unknown environment"):
         ingest.run(latency_envs=["nowhere"])  # raises before the broker starts
+
+
+def test_the_shipped_broker_configuration_is_read_for_its_behaviour(tmp_path):
+    from bench.harness.shipped_broker import SHIPPED_CONF, shipped_broker
+
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(
+        "allow_anonymous false\npassword_file /x\npersistence true\n"
+        "autosave_on_changes true  # every change\nmax_inflight_messages 1000\n"
+        "max_queued_messages 100000\nlistener 1883\n"
+    )
+    broker = shipped_broker(conf)
+    assert broker.settings == {
+        "autosave_on_changes": "true",
+        "max_inflight_messages": "1000",
+        "max_queued_messages": "100000",
+    }
+    assert broker.persistence and broker.max_queued_messages == 100000
+    options = broker.options(tmp_path)
+    assert options.persistence_dir == tmp_path / "mosquitto-data"
+    assert "max_inflight_messages 1000" in options.extra_lines
+    assert not any("listener" in line or "password" in line for line in options.extra_lines)
+    defaults = tmp_path / "defaults.conf"
+    defaults.write_text("listener 1883\n")
+    assert shipped_broker(defaults).max_queued_messages == 1000  # Mosquitto's default
+    assert shipped_broker(defaults).max_inflight_messages == 20
+    assert SHIPPED_CONF.is_file()  # the benchmarks read the repository's own file
+
+
+def test_more_readings_than_the_shipped_queue_holds_is_refused(tmp_path, monkeypatch):
+    import asyncio
+
+    from bench.harness.shipped_broker import shipped_broker
+
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text("max_queued_messages 10\n")
+    shipped = shipped_broker(conf)
+    with pytest.raises(ingest.QueueTooSmall, match=r"queues at most 10 .* use --rounds 3 or fewer"):
+        asyncio.run(ingest.measure_throughput("toygraph", 5, None, tmp_path, shipped))

@@ -100,8 +100,8 @@ def test_scrape_shows_every_series_with_its_labels(
         value(families["cbo_cumulative_regret"], "cbo_cumulative_regret", experiment="exp1") == 4.5
     )
     assert value(families["cbo_simple_regret"], "cbo_simple_regret", experiment="exp1") == 0.25
-    upper = families["cbo_regret_upper_estimate"]
-    assert value(upper, "cbo_regret_upper_estimate", experiment="exp2") == 7.0
+    upper = families["cbo_regret_model_estimate"]
+    assert value(upper, "cbo_regret_model_estimate", experiment="exp2") == 7.0
     assert value(families["cbo_reward_last"], "cbo_reward_last", experiment="exp1") == 1.5
     assert value(families["cbo_reward_best"], "cbo_reward_best", experiment="exp1") == 2.0
     assert value(families["cbo_budget_spent"], "cbo_budget_spent", experiment="exp1") == 30.0

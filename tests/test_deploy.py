@@ -497,7 +497,7 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
                 return title
         raise AssertionError(f"no panel queries all of {needles}")
 
-    panel_with("cbo_cumulative_regret", "cbo_regret_upper_estimate")
+    panel_with("cbo_cumulative_regret", "cbo_regret_model_estimate")
     panel_with("cbo_simple_regret")
     panel_with("cbo_reward_last", "cbo_reward_best")
     panel_with("cbo_budget_spent", "cbo_budget_remaining")

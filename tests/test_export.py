@@ -136,3 +136,90 @@ def test_export_refuses_bad_configuration(tmp_path, capsys, monkeypatch, text, m
     err = capsys.readouterr().err
     assert err.startswith("cbo-agent export: configuration:") and message in err
     assert "pw" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_export_never_follows_a_planted_symlink(tmp_path, capsys, monkeypatch, fmt):
+    """Symlinks planted at the old fixed temporary name, at the next names the temporary-file
+    generator will draw, and at the final name: the export writes its own fresh files (O_EXCL
+    skips a taken name) and the links' target is never touched."""
+    import tempfile
+
+    store = filled_store(tmp_path / "agent.sqlite")
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    names = ["planted", "planted2", "fresh"]
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(list(names)))
+    for table in EXPORT_TABLES:
+        final = f"{EXPERIMENT}_{table}.{fmt}"
+        (out / f"{final}.tmp").symlink_to(victim)  # the name the export once used
+        for name in names[:2]:
+            (out / f".{final}.{name}.tmp").symlink_to(victim)
+    (out / f"{EXPERIMENT}_readings.{fmt}").symlink_to(victim)
+    paths = export(capsys, "--store", str(store), "--format", fmt, "--out", str(out))
+    assert victim.read_text() == "precious\n"
+    for path in paths:
+        assert path.is_file() and not path.is_symlink(), path
+        assert path.stat().st_size > 0
+    # the planted links are left as they were; no temporary file of ours remains
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp")) == sorted(
+        name
+        for table in EXPORT_TABLES
+        for name in (
+            f"{EXPERIMENT}_{table}.{fmt}.tmp",
+            *(f".{EXPERIMENT}_{table}.{fmt}.{n}.tmp" for n in names[:2]),
+        )
+    )
+
+
+def test_export_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    store = filled_store(tmp_path / "agent.sqlite")
+    taken = tmp_path / "report.csv"
+    taken.write_text("mine\n")
+    capsys.readouterr()
+    assert main(["export", EXPERIMENT, "--store", str(store), "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cbo-agent export: --out {taken}: exists and is not a directory\n"
+    assert taken.read_text() == "mine\n"
+    # below a file: one line, no traceback
+    assert main(["export", EXPERIMENT, "--store", str(store), "--out", str(taken / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cbo-agent export: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_the_store_refuses_a_directory_that_is_a_file(tmp_path):
+    from connectors.store import StoreError
+
+    with Store(filled_store(tmp_path / "agent.sqlite")) as store:
+        taken = tmp_path / "taken"
+        taken.write_text("")
+        with pytest.raises(StoreError, match="exists and is not a directory"):
+            store.export(EXPERIMENT, taken)
+
+
+def test_export_has_the_devices_measurement_time(tmp_path, capsys):
+    """`measured_at` is the reading's `at` (the device's clock), `received_at` the agent's."""
+    path = tmp_path / "agent.sqlite"
+    with Store(path) as store:
+        exp = Experiment(chain_spec(), store, seed=1)
+        live = exp.propose()
+        exp.mark_published(live.number)
+        exp.on_ack(ack(exp, 0))
+        exp.on_readings(
+            [
+                reading(exp, 0, node, 0.5, i).model_copy(update={"at": 1_700_000_000.25 + i})
+                for i, node in enumerate("ABC")
+            ]
+        )
+    (readings,) = [
+        p
+        for p in export(capsys, "--store", str(path), "--out", str(tmp_path))
+        if "readings" in p.name
+    ]
+    header, rows = csv_rows(readings)
+    measured = [row[header.index("measured_at")] for row in rows]
+    assert measured == [repr(1_700_000_000.25 + i) for i in range(3)]
+    assert all(row[header.index("received_at")] for row in rows)

@@ -184,9 +184,13 @@ def test_breakdown_falls_back_to_appends(dtype):
     # rounding of k(x, x): a duplicate's pivot² is lost in cancellation.
     outputscale = 1e10 if dtype == torch.float64 else 1e3
     model.set_hyperparameters(lengthscale=torch.full((1, 2), 5.0), outputscale=outputscale)
-    x = torch.full((1, 2), 0.5, dtype=dtype)
+    # Earlier rows that need no jitter: jitter an earlier append added reaches the block's
+    # diagonal too (as it must) and makes the float32 duplicates below positive definite.
+    start, step = (0.5, 1e-3) if dtype == torch.float64 else (0.1, 0.2)
+    x = torch.full((1, 2), start, dtype=dtype)
     for i in range(5):
-        model.learn_one(x + 1e-3 * i, torch.tensor([0.1 * i], dtype=dtype))
+        model.learn_one(x + step * i, torch.tensor([0.1 * i], dtype=dtype))
+    assert float(model.jitter[0]) == 0.0
     twin = copy.deepcopy(model)
     block = (x + 1e-9 * torch.arange(6, dtype=dtype).reshape(6, 1)).unsqueeze(0)  # (1, 6, 2)
     y = (1.0 + 1e-7 * torch.arange(6, dtype=dtype)).unsqueeze(0)

@@ -105,7 +105,8 @@ def test_unknown_pending_handle_and_member(model):
 def test_a_collapsed_lengthscale_fit_is_floored_and_the_factor_stays_valid(monkeypatch):
     """A fit that sends one lengthscale to ~0 (seen: 2.5e-12 for GP-UCB on alpine2-noisy)
     would make the squared distances cancel into an indefinite Gram matrix: it is floored."""
-    import core.gp.model as gp_module
+    import core.gp.refit as refit_module
+    from core.gp import LENGTHSCALE_FLOOR
     from core.hyperfit import FittedHyperparameters
 
     def collapsed(z, y, **_):
@@ -113,7 +114,7 @@ def test_a_collapsed_lengthscale_fit_is_floored_and_the_factor_stays_valid(monke
         lengthscale[0] = 2.5e-12
         return FittedHyperparameters(lengthscale, 13.0, 1e-3, True)
 
-    monkeypatch.setattr(gp_module, "fit_hyperparameters", collapsed)
+    monkeypatch.setattr(refit_module, "fit_hyperparameters", collapsed)
     gen = torch.Generator().manual_seed(3)
     bounds = torch.tensor([[0.0, 10.0]] * 6, dtype=torch.float64)
     model = IncrementalGP(bounds, GPConfig(noise_variance=None, refit_every=10, misfit_z=None))
@@ -121,6 +122,6 @@ def test_a_collapsed_lengthscale_fit_is_floored_and_the_factor_stays_valid(monke
         x = 10 * torch.rand(1, 6, generator=gen, dtype=torch.float64)
         x[0, 0] = 10.0 * (i % 2)  # the collapsed dimension sits on its bounds, as GP-UCB's does
         model.learn_one(x, 100 * x[:, 1].sin() * x[:, 2].sqrt())
-    assert model.lengthscale.min() >= gp_module.LENGTHSCALE_FLOOR
+    assert model.lengthscale.min() >= LENGTHSCALE_FLOOR
     post = model.posterior(10 * torch.rand(1, 7, 6, generator=gen, dtype=torch.float64))
     assert torch.isfinite(post.mean).all() and (post.variance > 0).all()

@@ -14,7 +14,7 @@ from agent.config import _ENVIRONMENT, AgentConfig
 from agent.demo import DemoOptions, decomposed_environments, demo_spec
 from agent.validate import check_policy
 from policies.registry import policy_names
-from sim.registry import environment_names
+from sim.registry import environment_names, make_environment
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CONFIG_HEADER = "| setting | variable | flag |"
@@ -113,7 +113,15 @@ def test_readme_lists_the_demo_policies_that_work():
     fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
     assert fidelity, paragraph
     multi = fidelity.group(1).split("|")
-    assert sorted([*general, *multi, decomposed.group(1)]) == sorted(policy_names())
+    hard = re.search(r"`--policy (\w+)` \(hard interventions only: `--env ([a-z|]+)`", paragraph)
+    assert hard, paragraph
+    assert sorted([*general, *multi, decomposed.group(1), hard.group(1)]) == sorted(policy_names())
+    hard_envs = hard.group(2).split("|")
+    assert sorted(hard_envs) == sorted(
+        env for env in environment_names() if make_environment(env, 0).intervention_type == "hard"
+    )
+    for env in hard_envs:
+        assert check_policy(demo_spec(DemoOptions(env=env, policy=hard.group(1)))) == []
     for env in fidelity.group(2).split("|"):
         spec = demo_spec(DemoOptions(env=env))
         for policy in multi:

@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -574,3 +575,64 @@ def test_nothing_in_the_project_unpickles_or_torch_loads() -> None:
     # and the one place that reads arrays back says so explicitly
     store_source = (ROOT / "connectors" / "store" / "snapshots.py").read_text()
     assert "read_array(io.BytesIO(blob), allow_pickle=False)" in store_source
+
+
+# ------------------------------------------------------------- secrets off the command line
+@pytest.mark.integration
+async def test_passwords_come_from_files_never_from_the_command_line(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    """The agent (broker.password_file) and the simulator (--password-file) log in with
+    passwords read from files; the simulator's command line never holds it; `sim --password`
+    is refused."""
+    assert secure_broker.pki is not None
+    agent_file, device_file = tmp_path / "agent.pw", tmp_path / "device.pw"
+    agent_file.write_text(secure_broker.passwords["agent"] + "\n")
+    device_file.write_text(secure_broker.passwords["sim-secure"] + "\n")
+    environ = agent_environment(
+        secure_broker,
+        tmp_path / "agent.sqlite",
+        CBO_BROKER_PASSWORD="",
+        CBO_BROKER_PASSWORD_FILE=str(agent_file),
+    )
+    service = AgentService(load_config(environ=environ), [fast_spec("secure", rounds=1)])
+    async with running(service.run()):
+        deadline = time.monotonic() + 20.0
+        while not service.link.connected:
+            assert time.monotonic() < deadline, secure_broker.log_tail()
+            await asyncio.sleep(0.05)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CBO_BROKER_")}
+    device = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "--log-format", "json", "sim", "dropwave",
+         "--experiment", "secure", "--broker", secure_broker.url(tls=True),
+         "--username", "sim-secure", "--password-file", str(device_file),
+         "--ca-file", str(secure_broker.pki.ca_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert device.stderr is not None
+        # its first session is a login with the password from the file ("Not authorized" else)
+        line = await asyncio.wait_for(
+            _event_line(device.stderr, ("mqtt.connected", "mqtt.reconnect_scheduled")), 60.0
+        )
+        assert '"mqtt.connected"' in line, line
+        cmdline = Path(f"/proc/{device.pid}/cmdline").read_bytes()
+        assert secure_broker.passwords["sim-secure"].encode() not in cmdline
+    finally:
+        device.terminate()
+        device.wait(timeout=30)
+    refused = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "sim", "dropwave", "--experiment", "x",
+         "--password", "hunter2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--password is not accepted" in refused.stderr and "--password-file" in refused.stderr
+
+
+async def _event_line(stream, events: tuple[str, ...]) -> str:
+    """The first line of a JSON log stream naming one of `events` ("" at its end)."""
+    while True:
+        line = await asyncio.to_thread(stream.readline)
+        if not line or any(f'"event": "{event}"' in line for event in events):
+            return line

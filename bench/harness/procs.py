@@ -333,8 +333,11 @@ class Cluster:
             "--seed",
             str(options.seed),
         ]
-        if self.passwords:
-            argv += ["--username", DEVICE_ID, "--password", self.passwords[DEVICE_ID]]
+        if self.passwords:  # from a file, as a deployment would: never on the command line
+            password_file = self.workdir / "device.password"
+            password_file.write_text(self.passwords[DEVICE_ID] + "\n")
+            password_file.chmod(0o600)
+            argv += ["--username", DEVICE_ID, "--password-file", str(password_file)]
         self.device = Child("device", argv, self.workdir / "device.log", self._environ)
         if self.broker.running:
             self.device.log.wait_for("device.subscribed", timeout_s, child=self.device)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, TextIO
+from typing import Any, BinaryIO, Final, Literal
 
 from connectors.store.errors import StoreError
 from connectors.store.sql import Connection
@@ -39,6 +41,7 @@ Columns = Sequence[tuple[str, ColumnKind]]
 Rows = Sequence[Sequence[Any]]
 
 EXPORT_TABLES: Final = ("rounds", "readings", "oracle", "ledger")
+_EXPORT_MODE: Final = 0o644
 
 
 class ParquetUnavailable(RuntimeError):
@@ -83,24 +86,40 @@ def write_tables(
     directory: str | Path, experiment: str, fmt: ExportFormat, tables: dict[str, list[Any]]
 ) -> list[Path]:
     """Write ``<directory>/<experiment>_<table>.<fmt>`` for each table; the paths in the order
-    of EXPORT_TABLES."""
+    of EXPORT_TABLES.
+
+    Raises:
+        StoreError: `directory` exists and is not a directory, or a file cannot be written
+            (one line naming the path and the cause).
+    """
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"{out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
     write = write_csv if fmt == "csv" else write_parquet
     paths = []
     for name in EXPORT_TABLES:
         path = out / f"{experiment}_{name}.{fmt}"
-        write(path, _QUERIES[name][0], tables[name])
+        try:
+            write(path, _QUERIES[name][0], tables[name])
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
         paths.append(path)
     return paths
 
 
 def write_csv(path: Path, columns: Columns, rows: Rows) -> None:
     """Write a header line and the rows; floats as repr, so they read back bit for bit."""
-    with _atomic(path, newline="") as handle:
+    with _atomic(path) as raw:
+        handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         writer = csv.writer(handle)
         writer.writerow([name for name, _ in columns])
         writer.writerows(["" if value is None else value for value in row] for row in rows)
+        handle.flush()
+        handle.detach()  # `_atomic` owns the file: it syncs and closes it
 
 
 def write_parquet(path: Path, columns: Columns, rows: Rows) -> None:
@@ -110,21 +129,24 @@ def write_parquet(path: Path, columns: Columns, rows: Rows) -> None:
     schema = pa.schema([(name, types[kind]) for name, kind in columns])
     data = {name: [row[i] for row in rows] for i, (name, _) in enumerate(columns)}
     table = pa.Table.from_pydict(data, schema=schema)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        pa.parquet.write_table(table, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    with _atomic(path) as raw:
+        pa.parquet.write_table(table, raw)
 
 
 @contextlib.contextmanager
-def _atomic(path: Path, newline: str | None = None) -> Iterator[TextIO]:
-    """Write to a sibling temporary file and rename it over `path` only when complete."""
-    tmp = path.with_name(path.name + ".tmp")
+def _atomic(path: Path) -> Iterator[BinaryIO]:
+    """Write to a fresh temporary file beside `path`, renamed over it only when complete.
+
+    The temporary file is created with O_CREAT | O_EXCL (`tempfile.mkstemp`) under a random
+    name, so a file or symlink planted in the directory is never opened, followed or
+    overwritten: creation fails on any existing name, and the rename replaces `path` itself
+    (a symlink at `path` is replaced, its target untouched).
+    """
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
     try:
-        with open(tmp, "w", encoding="utf-8", newline=newline) as handle:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(fd, _EXPORT_MODE)  # mkstemp makes 0600; exports are ordinary files
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

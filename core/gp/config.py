@@ -38,6 +38,10 @@ class GPConfig:
             exact O(n²) update of the factor); None keeps all.
         drift_tolerance: rebuild when the data mean moves by more than this many scales from the
             frozen standardization, or the data scale changes by more than this factor.
+        deferred: refits and drift rebuilds are left to the caller, who runs them beside the
+            model (`IncrementalGP.refit_job`, `core.gp.refit.run_refit`,
+            `IncrementalGP.install`); learning then only appends rows (and forgets them, with
+            a window). False: they run inside the learn call that makes them due.
     """
 
     kernel: KernelName = "matern52"
@@ -48,6 +52,7 @@ class GPConfig:
     min_fit_points: int = 3
     window: int | None = None
     drift_tolerance: float = 0.5
+    deferred: bool = False
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:

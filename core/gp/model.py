@@ -35,7 +35,7 @@ import torch
 
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
-from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data
+from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
 from core.gp.checks import (
     check_bounds,
     check_dims,
@@ -48,13 +48,13 @@ from core.gp.checks import (
     parse_noise,
     positive,
 )
-from core.gp.config import LENGTHSCALE_FLOOR, MIN_NOISE, GPConfig, LearnReport
+from core.gp.config import GPConfig, LearnReport
 from core.gp.pending import PendingPoint, detached, find
 from core.gp.posterior import FactorCache, GPPosterior, in_output_units, latent_posterior
 from core.gp.rebuild import add_jitter, refactorize
+from core.gp.refit import RefitJob, RefitResult, effective_noise, fit_member
 from core.gp.standardize import drifted, recount, restandardize
 from core.gp.window import apply_window
-from core.hyperfit import FittedHyperparameters, fit_hyperparameters
 
 __all__ = ["IncrementalGP"]
 
@@ -105,6 +105,13 @@ class IncrementalGP:
         self._next_pending_id = 0
         self._since_refit = [0] * b
         self._refit_due = [False] * b
+        # Deferred mode (`GPConfig.deferred`): members whose data drifted from the frozen
+        # standardization, waiting for a `refit_job`; and, per member, an epoch bumped by every
+        # change a job's copy cannot follow (new hyperparameters, a rebuild from learn_many) and
+        # the rows the window forgot, so that `install` recognises a stale result.
+        self._drift_due = [False] * b
+        self._epochs = [0] * b
+        self._forgotten = [0] * b
         self._moments = recount(self._buffers)
         self._no_surprise = torch.full((b,), math.nan, **opts)
         self._arange_b = torch.arange(b, device=self.device)
@@ -134,9 +141,7 @@ class IncrementalGP:
     @property
     def noise(self) -> torch.Tensor:
         """(b,) observation-noise variance in standardized units (as the factor uses it)."""
-        known = self._known_noise / self.y_scale.pow(2)
-        noise = torch.where(torch.isnan(self._known_noise), self._learned_noise, known)
-        return noise.clamp_min(MIN_NOISE)
+        return effective_noise(self._known_noise, self._learned_noise, self.y_scale)
 
     @property
     def refit_due(self) -> torch.Tensor:
@@ -384,13 +389,17 @@ class IncrementalGP:
         forgotten, window_rebuild = self._apply_window(rebuilding=set(restandardizing))
         scalars = self._scalars
         moved = drifted(self._moments, scalars.mean, scalars.scale, self.config.drift_tolerance)
-        restd = set(restandardizing) | set(moved)
         every, min_points = self.config.refit_every, self.config.min_fit_points
         for j in range(self.batch):
             if every is not None and self._since_refit[j] >= every:
                 self._refit_due[j] = True
+        if self.config.deferred:  # a drift waits for the next job like a due refit
+            for j in moved:
+                self._drift_due[j] = True
+            moved = []
+        restd = set(restandardizing) | set(moved)
         fit: list[int] = []
-        if refit:
+        if refit and not self.config.deferred:
             fit = [
                 j
                 for j in range(self.batch)
@@ -418,6 +427,8 @@ class IncrementalGP:
         dropped, rebuild = apply_window(
             self._buffers, window, rebuilding, self.y_mean, self.y_scale
         )
+        for j, count in enumerate(dropped):
+            self._forgotten[j] += count
         if any(dropped):
             self._moments = recount(self._buffers)
         return dropped, rebuild
@@ -474,18 +485,22 @@ class IncrementalGP:
     @torch.no_grad()
     def _rebuild(self, members: list[int]) -> None:
         """Refactorize the listed members from their stored rows (O(n³) each)."""
-        noise = self._refresh_scalars()  # every change of a hyperparameter, jitter or scale
         refactorize(
             self._buffers,
             members,
             kernel=self.config.kernel,
             lengthscale=self.lengthscale,
             outputscale=self.outputscale,
-            noise=noise,
-            jitter=self.jitter,
+            noise=self.noise,
+            jitter=self.jitter,  # raised in place where a factor needs it
             y_mean=self.y_mean,
             y_scale=self.y_scale,
         )
+        for j in members:
+            self._epochs[j] += 1  # a refit job copied before this is stale
+        # After the factorization, not before: it may have raised a member's jitter, and the
+        # appends that follow must use the diagonal the factor was computed with.
+        self._refresh_scalars()
 
     def _refresh_scalars(self) -> torch.Tensor:
         """Cache the per-member scalars of the appends (`MemberScalars`); returns the noise."""
@@ -536,34 +551,144 @@ class IncrementalGP:
         failed: list[int] = []
         for j in members:
             n, d_j = self._buffers.real[j], max(int(self.dims[j]), 1)
-            z = self._buffers.z[j, :n, :d_j]
-            y_std = (self._buffers.y[j, :n] - self.y_mean[j]) / self.y_scale[j]
             known = None if torch.isnan(self._known_noise[j]) else float(self.noise[j])
-            initial = FittedHyperparameters(
-                self.lengthscale[j, :d_j],
-                float(self.outputscale[j]),
-                float(self._learned_noise[j]),
-                True,
-            )
-            fitted = fit_hyperparameters(
-                z,
-                y_std,
+            outcome = fit_member(
+                self._buffers.z[j, :n, :d_j],
+                (self._buffers.y[j, :n] - self.y_mean[j]) / self.y_scale[j],
                 kernel=self.config.kernel,
                 priors=self.config.priors,
                 known_noise=known,
-                initial=initial,
+                lengthscale=self.lengthscale[j, :d_j],
+                outputscale=float(self.outputscale[j]),
+                learned_noise=float(self._learned_noise[j]),
             )
-            fitted_ls = fitted.lengthscale.to(self.lengthscale)
-            self.lengthscale[j, :d_j] = fitted_ls.clamp_min(LENGTHSCALE_FLOOR)
-            self.outputscale[j] = fitted.outputscale
-            if known is None:
-                self._learned_noise[j] = fitted.noise
+            self.lengthscale[j, :d_j] = outcome.lengthscale
+            self.outputscale[j] = outcome.outputscale
+            self._learned_noise[j] = outcome.noise
             self.jitter[j] = 0.0
-            if not fitted.converged:
+            if not outcome.converged:
                 failed.append(j)
             self._since_refit[j] = 0
             self._refit_due[j] = False
         return failed
+
+    # ------------------------------------------------------------------ refits beside the model
+    def refit_job(self, members: Sequence[int] | None = None) -> RefitJob | None:
+        """The due refits and drift restandardizations, copied out to run beside the model.
+
+        A member is in the job when its refit schedule fired (and it has `min_fit_points`
+        observations: it is fit) or its data drifted from the frozen standardization (it is
+        restandardized and refactorized only). Their schedule is reset now: rows that arrive
+        while the job runs count toward the next refit. None when nothing is due.
+
+        Args:
+            members: consider only these (default all).
+        """
+        chosen = range(self.batch) if members is None else [int(j) for j in members]
+        real, min_points = self._buffers.real, self.config.min_fit_points
+        fit = {j for j in chosen if self._refit_due[j] and real[j] >= min_points}
+        listed = sorted(fit | {j for j in chosen if self._drift_due[j] and real[j] > 0})
+        if not listed:
+            return None
+        for j in listed:
+            self._drift_due[j] = False
+            if j in fit:
+                self._refit_due[j], self._since_refit[j] = False, 0
+        idx = torch.tensor(listed, device=self.device)
+        buffers = self._buffers
+        return RefitJob(
+            members=listed,
+            fit=[j in fit for j in listed],
+            z=[buffers.z[j, : real[j]].clone() for j in listed],
+            y=[buffers.y[j, : real[j]].clone() for j in listed],
+            dims=[int(self.dims[j]) for j in listed],
+            lengthscale=self.lengthscale[idx].clone(),
+            outputscale=self.outputscale[idx].clone(),
+            learned_noise=self._learned_noise[idx].clone(),
+            known_noise=self._known_noise[idx].clone(),
+            jitter=self.jitter[idx].clone(),
+            kernel=self.config.kernel,
+            priors=self.config.priors,
+            epochs=[self._epochs[j] for j in listed],
+            forgotten=[self._forgotten[j] for j in listed],
+        )
+
+    @torch.no_grad()
+    def install(self, result: RefitResult) -> LearnReport:
+        """Swap in a refit done beside the model, then append the rows that came meanwhile.
+
+        Per member: its hyperparameters, standardization and jitter become the result's, its
+        factor the result's for the snapshot's n₀ rows, and its rows n₀..n are appended again
+        with them (one block, O(k·n²)): exactly the model a refit of the snapshot's rows and
+        then those appends would give. A member changed in a way the copy cannot follow since
+        the job was made (new hyperparameters, a rebuild) keeps its state and is due again; one
+        whose oldest rows the window forgot meanwhile takes the new values and is rebuilt from
+        its rows (O(n³), bounded by the window).
+
+        Returns:
+            A `LearnReport`: refit, refit_failed and rebuilt name the members swapped in.
+        """
+        job, buffers = result.job, self._buffers
+        installed, resync, late = [], [], [[] for _ in range(self.batch)]
+        late_z = [None] * self.batch
+        with self._pending_detached():
+            for k, j in enumerate(job.members):
+                if self._epochs[j] != job.epochs[k]:  # stale: try again with what is there now
+                    self._refit_due[j] = self._refit_due[j] or job.fit[k]
+                    self._drift_due[j] = self._drift_due[j] or not job.fit[k]
+                    continue
+                installed.append(j)
+                self._take_values(result, k, j)
+                n0, n = job.rows[k], buffers.real[j]
+                if self._forgotten[j] != job.forgotten[k]:
+                    resync.append(j)
+                    continue
+                late_z[j] = buffers.z[j, n0:n].clone()
+                late[j] = buffers.y[j, n0:n].tolist()
+                buffers.factor[j, :n0, :n0] = result.factor[k]
+                buffers.v[j, :n0] = result.v[k]
+                truncate(buffers, j, n0)
+                buffers.real[j] = n0
+            self._refresh_scalars()
+            self._catch_up(late_z, late)
+            self._moments = recount(buffers)
+            if resync:
+                self._rebuild(resync)
+            buffers.version += 1
+        fit = [j for k, j in enumerate(job.members) if job.fit[k] and j in installed]
+        return LearnReport(
+            surprise=self._no_surprise,
+            refit=fit,
+            refit_failed=[j for j in result.failed if j in installed],
+            rebuilt=installed,
+        )
+
+    def _take_values(self, result: RefitResult, k: int, j: int) -> None:
+        """Member j takes the result's k-th hyperparameters, jitter and standardization."""
+        self.lengthscale[j] = result.lengthscale[k]
+        self.outputscale[j] = result.outputscale[k]
+        self._learned_noise[j] = result.learned_noise[k]
+        self.jitter[j] = result.jitter[k]
+        self.y_mean[j] = result.y_mean[k]
+        self.y_scale[j] = result.y_scale[k]
+
+    def _catch_up(self, late_z: list[torch.Tensor | None], late_y: list[list[float]]) -> None:
+        """Append each member's late rows again (unit-cube inputs, raw outputs) as one block."""
+        k = max((len(values) for values in late_y), default=0)
+        if k == 0:
+            return
+        z = torch.zeros(self.batch, k, self.dim, dtype=self.dtype, device=self.device)
+        y = [[0.0] * k for _ in range(self.batch)]
+        chosen: list[list[int]] = [[] for _ in range(self.batch)]
+        for j, values in enumerate(late_y):
+            if values:
+                z[j, : len(values)] = late_z[j]
+                y[j][: len(values)] = values
+                chosen[j] = list(range(len(values)))
+        with one_thread():
+            self._append_block(z, y, chosen)
+        for j, rows in enumerate(chosen):
+            self._buffers.real[j] += len(rows)
 
     def member_data(self, member: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A member's observations: (n, dims) unit-cube inputs and (n,) outputs (copies)."""

@@ -1,0 +1,210 @@
+"""Refits beside the model: a snapshot of some members' data, fitted and factorized elsewhere.
+
+A hyperparameter fit (BoTorch, hundreds of milliseconds) and the O(n³) refactorization that
+follows it must not hold up the caller that appends rows. `IncrementalGP.refit_job` copies what
+a refit needs — each member's observations, hyperparameters and jitter — into a `RefitJob`;
+`run_refit` does the slow work on that copy alone (any thread or process); and
+`IncrementalGP.install` swaps the result in, appending the rows that arrived meanwhile with the
+new hyperparameters (O(k·n²) for k of them). The installed model is exactly the model a
+synchronous refit of the snapshot's rows followed by those appends would give.
+
+Per member the job does what the synchronous path does: restandardize from the data, fit the
+hyperparameters on the standardized data (members marked `fit`; the others only drifted from
+their standardization and keep their hyperparameters), then refactorize with jitter retries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from core.gp.buffers import allocate, ensure_capacity, put_data
+from core.gp.config import LENGTHSCALE_FLOOR, MIN_NOISE
+from core.gp.rebuild import refactorize
+from core.gp.standardize import standardization
+from core.hyperfit import FittedHyperparameters, PriorName, fit_hyperparameters
+from core.kernels import KernelName
+
+__all__ = ["FitOutcome", "RefitJob", "RefitResult", "effective_noise", "fit_member", "run_refit"]
+
+
+def effective_noise(
+    known: torch.Tensor, learned: torch.Tensor, y_scale: torch.Tensor
+) -> torch.Tensor:
+    """(b,) noise variance in standardized units, as the factor uses it.
+
+    Args:
+        known: (b,) known noise variance in output units, NaN where the noise is learned.
+        learned: (b,) learned noise variance (standardized units).
+        y_scale: (b,) the output scale of the standardization.
+    """
+    noise = torch.where(torch.isnan(known), learned, known / y_scale.pow(2))
+    return noise.clamp_min(MIN_NOISE)
+
+
+@dataclass(frozen=True)
+class FitOutcome:
+    """One member's fitted hyperparameters, ready to store (lengthscale floored)."""
+
+    lengthscale: torch.Tensor  # (d_j,)
+    outputscale: float
+    noise: float  # the learned noise (standardized units); unchanged where the noise is known
+    converged: bool
+
+
+def fit_member(
+    z: torch.Tensor,
+    y_std: torch.Tensor,
+    *,
+    kernel: KernelName,
+    priors: PriorName,
+    known_noise: float | None,
+    lengthscale: torch.Tensor,
+    outputscale: float,
+    learned_noise: float,
+) -> FitOutcome:
+    """Fit one member's hyperparameters, warm-started from its current ones.
+
+    Args:
+        z: (n, d_j) unit-cube inputs (the member's real dimensions only).
+        y_std: (n,) standardized outputs.
+        known_noise: the fixed noise variance (standardized units), None when it is learned.
+        lengthscale: (d_j,) the current lengthscales, the warm start.
+    """
+    initial = FittedHyperparameters(lengthscale, outputscale, learned_noise, True)
+    fitted = fit_hyperparameters(
+        z, y_std, kernel=kernel, priors=priors, known_noise=known_noise, initial=initial
+    )
+    return FitOutcome(
+        fitted.lengthscale.to(lengthscale).clamp_min(LENGTHSCALE_FLOOR),
+        float(fitted.outputscale),
+        learned_noise if known_noise is not None else float(fitted.noise),
+        fitted.converged,
+    )
+
+
+@dataclass(frozen=True)
+class RefitJob:
+    """What a refit of m members needs, copied out of the model (nothing here is shared).
+
+    Attributes:
+        members: the members, in the model's numbering.
+        fit: per member, whether its hyperparameters are fit (else it is only restandardized
+            and refactorized: its data drifted from the frozen standardization).
+        z: per member, (n_j, d) its unit-cube inputs; y: (n_j,) its raw outputs.
+        dims: per member, its real input dimensions (the fit sees only those).
+        lengthscale: (m, d); outputscale, learned_noise, known_noise (NaN: learned), jitter: (m,).
+        kernel, priors: the model's settings.
+        epochs: per member, the model's epoch when copied; `install` refuses a stale one.
+        forgotten: per member, rows the window had forgotten when copied.
+    """
+
+    members: list[int]
+    fit: list[bool]
+    z: list[torch.Tensor]
+    y: list[torch.Tensor]
+    dims: list[int]
+    lengthscale: torch.Tensor
+    outputscale: torch.Tensor
+    learned_noise: torch.Tensor
+    known_noise: torch.Tensor
+    jitter: torch.Tensor
+    kernel: KernelName
+    priors: PriorName
+    epochs: list[int]
+    forgotten: list[int]
+
+    @property
+    def rows(self) -> list[int]:
+        """n_j, the observations each member's snapshot holds."""
+        return [int(y.shape[0]) for y in self.y]
+
+
+@dataclass(frozen=True)
+class RefitResult:
+    """A refit's outcome for the job's m members, to `install` in the model.
+
+    Attributes:
+        factor: per member, (n_j, n_j) the Cholesky factor of its snapshot's rows.
+        v: per member, (n_j,) L⁻¹ỹ.
+        lengthscale: (m, d); outputscale, learned_noise, jitter, y_mean, y_scale: (m,).
+        failed: the members (model numbering) whose optimizer did not converge.
+        seconds: wall time of `run_refit`.
+    """
+
+    job: RefitJob
+    factor: list[torch.Tensor]
+    v: list[torch.Tensor]
+    lengthscale: torch.Tensor
+    outputscale: torch.Tensor
+    learned_noise: torch.Tensor
+    jitter: torch.Tensor
+    y_mean: torch.Tensor
+    y_scale: torch.Tensor
+    failed: list[int]
+    seconds: float
+
+
+@torch.no_grad()
+def run_refit(job: RefitJob) -> RefitResult:
+    """Restandardize, fit (where asked) and refactorize the job's members on its copies."""
+    started = time.perf_counter()
+    m, d = len(job.members), job.lengthscale.shape[-1]
+    opts = {"dtype": job.lengthscale.dtype, "device": job.lengthscale.device}
+    buffers = allocate(m, d, **opts)
+    ensure_capacity(buffers, max([*job.rows, 1]))
+    for k in range(m):
+        put_data(buffers, k, job.z[k], job.y[k])
+    y_mean, y_scale = standardization(buffers)
+    lengthscale, outputscale = job.lengthscale.clone(), job.outputscale.clone()
+    learned_noise, jitter = job.learned_noise.clone(), job.jitter.clone()
+    failed: list[int] = []
+    for k in range(m):
+        if not job.fit[k]:
+            continue
+        n, width = job.rows[k], max(job.dims[k], 1)
+        noise = effective_noise(job.known_noise, learned_noise, y_scale)
+        known = None if torch.isnan(job.known_noise[k]) else float(noise[k])
+        outcome = fit_member(
+            buffers.z[k, :n, :width],
+            (buffers.y[k, :n] - y_mean[k]) / y_scale[k],
+            kernel=job.kernel,
+            priors=job.priors,
+            known_noise=known,
+            lengthscale=lengthscale[k, :width],
+            outputscale=float(outputscale[k]),
+            learned_noise=float(learned_noise[k]),
+        )
+        lengthscale[k, :width] = outcome.lengthscale
+        outputscale[k] = outcome.outputscale
+        learned_noise[k] = outcome.noise
+        jitter[k] = 0.0
+        if not outcome.converged:
+            failed.append(job.members[k])
+    refactorize(
+        buffers,
+        list(range(m)),
+        kernel=job.kernel,
+        lengthscale=lengthscale,
+        outputscale=outputscale,
+        noise=effective_noise(job.known_noise, learned_noise, y_scale),
+        jitter=jitter,  # raised in place where a factor needs it
+        y_mean=y_mean,
+        y_scale=y_scale,
+    )
+    rows = job.rows
+    return RefitResult(
+        job=job,
+        factor=[buffers.factor[k, : rows[k], : rows[k]].clone() for k in range(m)],
+        v=[buffers.v[k, : rows[k]].clone() for k in range(m)],
+        lengthscale=lengthscale,
+        outputscale=outputscale,
+        learned_noise=learned_noise,
+        jitter=jitter,
+        y_mean=y_mean,
+        y_scale=y_scale,
+        failed=failed,
+        seconds=time.perf_counter() - started,
+    )
