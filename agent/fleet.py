@@ -245,7 +245,8 @@ class FleetService(AgentService):
             started = time.monotonic()
             try:
                 await self._claim(store)
-            except StoreError as error:
+            except StoreError as error:  # a replica holding nothing learns of the store here
+                self.readiness.set("leases", False, f"store: {error}")
                 log.warning("fleet.claim_failed", error=str(error))
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
