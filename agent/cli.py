@@ -337,6 +337,11 @@ def _command_line() -> _CommandLine:
     _add_sim(commands)
     _add_demo(commands)
     _add_export(commands)
+    from agent.control_cli import add_control_commands
+    from agent.fleet_cli import add_serve_command
+
+    add_serve_command(commands)
+    add_control_commands(commands)
     validate = commands.add_parser(
         "validate", help="check experiment specs; exit 1 naming each offending field"
     )

@@ -20,6 +20,7 @@ from agent.timers import ack_window
 from agent.vetting import Vetted, Violation, vet
 from connectors.schemas import Action
 from connectors.store import BudgetExceeded
+from core.spec import ExperimentSpec
 from policies.base import Constraints, NothingAffordable, Policy, Proposal
 
 if TYPE_CHECKING:
@@ -142,6 +143,11 @@ def _bound_regret(exp: Experiment, intervention: dict[str, float]) -> None:
         exp.regret.add_upper_increment(*bound)
 
 
+def packed_vectors(spec: ExperimentSpec) -> tuple[str, ...]:
+    """The parameter vector whose coordinates travel packed in the action (protocol v3)."""
+    return (spec.parameters.name,) if spec.parameters is not None else ()
+
+
 def _record(
     exp: Experiment, number: int, proposal: Proposal, vetted: Vetted, policy: str, policy_s: float
 ) -> LiveRound | None:
@@ -155,6 +161,7 @@ def _record(
         kind=exp.spec.intervention,
         at=now,
         expires_at=now + ack_window(exp.spec.schedule),
+        vectors=packed_vectors(exp.spec),
     )
     if not math.isclose(vetted.cost, proposal.cost, rel_tol=1e-9, abs_tol=1e-9):
         # logged before the reservation, which may fail: no round (nor its log) exists yet

@@ -164,6 +164,8 @@ class Experiment:
         if spent > total:  # a device applied an expired action: nothing is left
             return True
         fixed = [a.cost for a in self.spec.actions if a.cost > 0]
+        if self.spec.parameters is not None and self.spec.parameters.cost > 0:
+            fixed.append(self.spec.parameters.cost)
         return bool(fixed) and total - spent < min(fixed) - 1e-12
 
     # ------------------------------------------------------------------ verbs

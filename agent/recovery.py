@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agent import join
+from agent.decide import packed_vectors
 from agent.rounds import OPEN_STATUSES, LiveRound, RoundStatus
 from agent.timers import ack_window
 from connectors.schemas import Action
@@ -120,6 +121,7 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> Liv
         issued_at=row.proposed_at,
         attempt=max(row.attempt, 1),
         expires_at=expires_at,
+        vectors=packed_vectors(exp.spec),
     )
     # the model learns from what the device reported applied (clamped, say)
     applied = row.applied if row.applied is not None else row.intervention

@@ -29,6 +29,7 @@ _SECTIONS = [
     ("ExperimentSpec", ""),
     ("NodeSpec", "nodes[]"),
     ("ActionSpec", "actions[]"),
+    ("ParametersSpec", "parameters"),
     ("RewardSpec", "reward"),
     ("ConstraintSpec", "constraints"),
     ("ModelSpec", "model"),

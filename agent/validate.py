@@ -39,8 +39,13 @@ def validate_files(paths: Sequence[str], out: TextIO | None = None) -> int:
             for problem in problems:
                 print(f"{path}: {problem}", file=out)
             continue
+        vector = spec.parameters
+        actions = f"{len(spec.actions)} actions"
+        if vector is not None:
+            blocks = f" in {len(vector.blocks)} blocks" if vector.blocks else ""
+            actions += f" ({vector.name}: a vector of {vector.dimension}{blocks})"
         print(
-            f"{path}: ok ({spec.name}: {len(spec.nodes)} nodes, {len(spec.actions)} actions, "
+            f"{path}: ok ({spec.name}: {len(spec.nodes)} nodes, {actions}, "
             f"{spec.intervention} interventions, policy {spec.policy.name})",
             file=out,
         )

@@ -30,6 +30,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_regret(which)
     _add_chaos(which)
     _add_store(which)
+    _add_decision(which)
+    _add_trsm(which)
+    _add_fleet(which)
     _add_sampling(which)
 
 
@@ -66,6 +69,19 @@ def _regret(args: argparse.Namespace) -> int:
         print("interrupted: finished runs are saved; rerun the command to go on", file=sys.stderr)
         return 130
     return 1 if result.failed else 0
+
+
+def _decision(args: argparse.Namespace) -> int:
+    from bench import decision
+
+    try:
+        decision.run(
+            args.env, args.policy, args.rounds, args.seed, args.setting, args.json, args.threads
+        )
+    except decision.BadArguments as error:
+        print(f"cbo-agent bench decision: error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -280,6 +296,47 @@ def _add_latency(which: argparse._SubParsersAction) -> None:
     latency.set_defaults(handler=_latency)
 
 
+def _add_decision(which: argparse._SubParsersAction) -> None:
+    decision = which.add_parser(
+        "decision", help="proposal time per round (p50, p95) on every shipped example"
+    )
+    decision.add_argument(
+        "--env", nargs="+", metavar="E", help="environments (default: every one with a spec)"
+    )
+    decision.add_argument("--policy", help="policy for every environment (default: the spec's)")
+    decision.add_argument("--rounds", type=positive_int, default=20, help="policy rounds (20)")
+    decision.add_argument("--seed", type=int, default=0, help="episode seed (0)")
+    decision.add_argument(
+        "--setting",
+        type=_policy_setting,
+        action="append",
+        default=[],
+        metavar="[POLICY:]KEY=VALUE",
+        help="policy setting, value parsed as YAML (POLICY: only where that policy runs); "
+        "repeatable",
+    )
+    decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
+    decision.add_argument("--json", type=Path, help="write the rows as JSON here")
+    decision.set_defaults(handler=_decision)
+
+
+def _trsm(args: argparse.Namespace) -> int:
+    from bench import trsm
+
+    trsm.run(args.sizes, args.reps, args.json)
+    return 0
+
+
+def _add_trsm(which: argparse._SubParsersAction) -> None:
+    trsm = which.add_parser(
+        "trsm", help="the GP's in-place triangular solve (cython_blas) beside torch's, per size"
+    )
+    trsm.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 4000])
+    trsm.add_argument("--reps", type=positive_int, default=7, help="interleaved repeats (7)")
+    trsm.add_argument("--json", type=Path, help="write the rows as JSON here")
+    trsm.set_defaults(handler=_trsm)
+
+
 def _add_chaos(which: argparse._SubParsersAction) -> None:
     chaos = which.add_parser(
         "chaos",
@@ -316,6 +373,57 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
         "--workdir", type=Path, help="keep the spec, store, logs and broker data here"
     )
     chaos.set_defaults(handler=_chaos)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from bench import fleet
+
+    stores = args.store or ["sqlite"]
+    for store in stores:
+        if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
+            print(
+                f"cbo-agent bench fleet: error: --store {store!r}: sqlite or postgresql://...",
+                file=sys.stderr,
+            )
+            return 2
+    rows = fleet.run(
+        args.experiments,
+        args.replicas,
+        stores,
+        args.json,
+        lease_ttl_s=args.lease_ttl,
+        window_s=args.window,
+        workdir=args.workdir,
+    )
+    return 1 if any(row.audit_problems for row in rows) else 0
+
+
+def _add_fleet(which: argparse._SubParsersAction) -> None:
+    fleet = which.add_parser(
+        "fleet",
+        help="replicas of cbo-agent serve on one store: decisions/s, decision p95, memory per "
+        "experiment, failover time; every run audited",
+    )
+    fleet.add_argument(
+        "--experiments", type=positive_int, nargs="+", default=[10, 100], help="N (10 100)"
+    )
+    fleet.add_argument(
+        "--replicas", type=positive_int, nargs="+", default=[1], help="R (1); R > 1 kills one"
+    )
+    fleet.add_argument(
+        "--store",
+        action="append",
+        metavar="URL",
+        help="sqlite (a new file per run) or a PostgreSQL administrative URL (a scratch "
+        "database per run, dropped after it); repeatable (default sqlite)",
+    )
+    fleet.add_argument("--lease-ttl", type=float, default=5.0, help="lease TTL, seconds (5)")
+    fleet.add_argument("--window", type=float, default=20.0, help="measured seconds (20)")
+    fleet.add_argument(
+        "--workdir", type=Path, default=Path("results/bench-fleet"), help="logs and stores"
+    )
+    fleet.add_argument("--json", type=Path, help="write the rows as JSON here")
+    fleet.set_defaults(handler=_fleet)
 
 
 def _add_store(which: argparse._SubParsersAction) -> None:

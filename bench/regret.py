@@ -36,13 +36,16 @@ Outputs in DIR:
         [{round, intervention, target_set, cost, spent, reward, expected_reward, regret,
         acquisition_value, decision_seconds, update_seconds, diagnostics, violations?}],
         metrics {rounds_completed, average_reward, best_reward, cumulative_regret,
-        seconds_per_round, decision_seconds, update_seconds}, wall_seconds, finished_at.
+        seconds_per_round, decision_seconds, update_seconds}, wall_seconds, finished_at; and
+        structure {precision, recall, f1, edges_found, edges_true} where the environment knows
+        its dependency graph (additive-er-*) and the policy reported one (hagpucb).
     summary.json   {schema, version, machine, config, rows, orderings, failures}; a row per
         (env, policy): env, policy, seeds (runs that count: not failed, at least one round),
         rounds (requested), mean_average_reward, se_average_reward, mean_best_reward,
         se_best_reward, mean_cumulative_regret, se_cumulative_regret, seconds_per_round,
         decision_seconds, update_seconds, optimum (mean over seeds: a seeded environment draws
-        a new instance per seed), seeds_failed, seeds_stopped_early, violations, and budget,
+        a new instance per seed), seeds_failed, seeds_stopped_early, violations, structure_f1
+        (mean over the runs with a `structure`, where any has one), and budget,
         max_budget_spent when the spec has a total budget. Missing values (no run, one seed's
         SE) are null.
     summary.md     the rows as a table, per-environment orderings, failures and these definitions.
@@ -398,6 +401,9 @@ def _row(env: str, policy: str, group: Sequence[Mapping[str, Any]]) -> dict[str,
         for p in group
         for r in [*p.get("initial_design", []), *p["history"]]
     )
+    structures = [p["structure"] for p in done if p.get("structure")]
+    if structures:
+        row["structure_f1"] = _mean([s["f1"] for s in structures])
     budgets = {p["budget"] for p in group if p.get("budget") is not None}
     if budgets:
         row["budget"] = max(budgets)
@@ -462,6 +468,8 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]
         cells = [[_cell(r.get(key)) for key, _ in columns] for r in rows]
         return [title for _, title in columns], cells
     columns = COLUMNS + (BUDGET_COLUMNS if any("budget" in r for r in rows) else [])
+    if any("structure_f1" in r for r in rows):
+        columns += [("structure_f1", "structure F1")]
     columns += OUTCOME_COLUMNS
     cells = [[_cell(r.get(key)) for key, _ in columns] for r in rows]
     return [title for _, title in columns], cells

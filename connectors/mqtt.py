@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, Self
 from urllib.parse import unquote, urlsplit
 
 import aiomqtt
+import paho.mqtt.client as paho
 import structlog
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
@@ -333,6 +334,15 @@ class MqttConnection:
             raise SubscribeRefusedError(f"broker refused {topic_filter!r}: codes {codes}")
         self._log.info("mqtt.subscribed", topic_filter=topic_filter, qos=qos)
 
+    async def unsubscribe(self, topic_filter: str) -> None:
+        """Drop a subscription (a fleet replica that no longer owns an experiment)."""
+        client = self._require_client()
+        try:
+            await client.unsubscribe(topic_filter)
+        except aiomqtt.MqttError as error:
+            raise ConnectionLostError(f"unsubscribe {topic_filter!r} failed: {error}") from error
+        self._log.info("mqtt.unsubscribed", topic_filter=topic_filter)
+
     def ack(self, message: IncomingMessage) -> bool:
         """Acknowledge a QoS 1 message (with `manual_ack`); False if this connection is gone.
 
@@ -345,8 +355,7 @@ class MqttConnection:
         client = self._client
         if client is None:
             return False
-        # aiomqtt does not expose paho's manual acknowledgement; paho's client is its `_client`.
-        return client._client.ack(message.mid, message.qos) == 0
+        return paho_client(client).ack(message.mid, message.qos) == 0
 
     async def messages(self) -> AsyncIterator[IncomingMessage]:
         """Messages of every subscription, in arrival order; ConnectionLostError when it breaks."""
@@ -377,7 +386,7 @@ class MqttConnection:
         client = self._build_client(protocol, timeout_s)
         if config.manual_ack:
             # before connecting: a persistent session's queued messages arrive at once
-            client._client.manual_ack_set(True)
+            paho_client(client).manual_ack_set(True)
         try:
             await client.__aenter__()
         except aiomqtt.MqttError as error:
@@ -452,9 +461,27 @@ def _abandon(client: aiomqtt.Client) -> None:
     aiomqtt leaves the socket open (and registered with the event loop) when no CONNACK comes
     in time; paho would only drop it after 1.5 keepalives. paho's own disconnect() closes it.
     """
-    paho_client = getattr(client, "_client", None)
-    if paho_client is not None:
-        paho_client.disconnect()
+    inner = getattr(client, "_client", None)  # see `paho_client`; never raise on this path
+    if inner is not None:
+        inner.disconnect()
+
+
+def paho_client(client: aiomqtt.Client) -> paho.Client:
+    """The paho client under an aiomqtt client: its private `_client`, the one way to paho's
+    manual acknowledgement (aiomqtt has no public one). pyproject pins aiomqtt to the tested
+    range, and tests/test_connectors_mqtt.py checks this on the installed version.
+
+    Raises:
+        RuntimeError: the installed aiomqtt keeps no paho client there (a version outside the
+            pinned range).
+    """
+    inner = getattr(client, "_client", None)
+    if not isinstance(inner, paho.Client):
+        raise RuntimeError(
+            f"aiomqtt {aiomqtt.__version__} keeps no paho client in `Client._client`; "
+            "manual acknowledgement needs the pinned aiomqtt (see pyproject.toml)"
+        )
+    return inner
 
 
 def _connect_error(

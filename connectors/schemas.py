@@ -13,20 +13,28 @@ surface), no non-finite numbers (NaN, Infinity, or a literal like 1e999 that ove
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import struct
 import time
 import uuid
+from collections.abc import Sequence
 from functools import partial
-from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar, get_args, overload
-
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    Self,
+    TypeAlias,
+    TypeVar,
+    get_args,
+    overload,
 )
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from connectors.arrays import ArrayPayload
 from connectors.topics import validate_experiment_id, validate_identifier
@@ -85,6 +93,7 @@ Text = Annotated[str, Field(max_length=DEADLETTER_TEXT_LIMIT), AfterValidator(_r
 ReasonCode = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 Round = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
 SequenceNumber = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+Epoch = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]  # a lease epoch (connectors.store.leases)
 UnixTime = Annotated[float, Field(ge=0)]
 
 
@@ -114,11 +123,21 @@ class Action(MessageModel):
     must not apply it from then on (it acks "rejected" with reason "expired"). A re-publish may
     carry a later `expires_at` (an agent restart gives it a new window), never an earlier one.
     Version 2 added `expires_at`; an action without one is written (and read) as version 1.
+    Version 3 added `epoch`, the lease epoch of the replica that published it (a fleet's
+    fencing token): a device drops an action whose epoch is older than one it has seen for the
+    experiment. An action with an epoch has an expiry too; one without an epoch is written as
+    version 2 (or 1).
+
+    Version 4 adds `vectors`: a parameter vector θ (a spec's `parameters`) travels packed, as
+    one base64 string of little-endian floats with its dtype and shape (`PackedVector`), instead
+    of D entries of `intervention`. In memory the action is the same either way: `intervention`
+    holds every coordinate `{name}.{i}`, and `vectors` names the vectors packed on the wire.
+    A version 4 action carries `expires_at`, and `epoch` where a fleet replica sent it.
     """
 
     SCHEMA: ClassVar[str] = "cbo.action"
-    VERSION: ClassVar[int] = 2
-    READS: ClassVar[tuple[int, ...]] = (1, 2)
+    VERSION: ClassVar[int] = 4
+    READS: ClassVar[tuple[int, ...]] = (1, 2, 3, 4)
 
     experiment: ExperimentId
     round: Round
@@ -128,9 +147,54 @@ class Action(MessageModel):
     issued_at: UnixTime
     attempt: int = Field(ge=1)
     expires_at: UnixTime | None = None
+    epoch: Epoch | None = None
+    vectors: tuple[Name, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack_vectors(cls, data: Any) -> Any:
+        """On the wire `vectors` maps names to packed vectors: spread them into coordinates."""
+        if not isinstance(data, dict) or not isinstance(data.get("vectors"), dict):
+            return data
+        intervention = data.get("intervention")
+        if not isinstance(intervention, dict):
+            return data  # the field's own validation reports it
+        merged = dict(intervention)
+        for name, packed in data["vectors"].items():
+            values = unpack_vector(packed, str(name))
+            for i, value in enumerate(values):
+                key = f"{name}.{i}"
+                if key in merged:
+                    raise ValueError(f"vectors.{name}: coordinate {key} also in intervention")
+                merged[key] = value
+        return {**data, "intervention": merged, "vectors": tuple(data["vectors"])}
+
+    @model_validator(mode="after")
+    def _check_epoch_and_vectors(self) -> Self:
+        if self.epoch is not None and self.expires_at is None:
+            raise ValueError("epoch: an action with a lease epoch needs expires_at (version 3)")
+        for name in self.vectors:
+            if f"{name}.0" not in self.intervention:
+                raise ValueError(f"vectors: {name!r} has no coordinates in intervention")
+        return self
 
     def wire(self) -> tuple[int, dict[str, Any]]:
         fields = self.model_dump(mode="json")
+        del fields["vectors"]
+        if self.vectors:
+            packed = {}
+            for name in self.vectors:
+                values = []
+                while f"{name}.{len(values)}" in fields["intervention"]:
+                    values.append(fields["intervention"].pop(f"{name}.{len(values)}"))
+                packed[name] = pack_vector(values)
+            fields["vectors"] = packed
+            if self.epoch is None:
+                del fields["epoch"]
+            return 4, fields
+        if self.epoch is not None:
+            return 3, fields
+        del fields["epoch"]
         if self.expires_at is None:
             del fields["expires_at"]
             return 1, fields
@@ -140,8 +204,20 @@ class Action(MessageModel):
     def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
         if version == 1 and "expires_at" in fields:
             raise ValueError("expires_at: not a field of version 1 (send version 2)")
-        if version == 2 and fields.get("expires_at") is None:
-            raise ValueError("expires_at: required in version 2")
+        if version >= 2 and fields.get("expires_at") is None:
+            raise ValueError(f"expires_at: required in version {version}")
+        if version < 3 and "epoch" in fields:
+            raise ValueError(f"epoch: not a field of version {version} (send version 3)")
+        if version == 3 and fields.get("epoch") is None:
+            raise ValueError("epoch: required in version 3")
+        if version < 4 and "vectors" in fields:
+            raise ValueError(f"vectors: not a field of version {version} (send version 4)")
+        if version == 4 and not isinstance(fields.get("vectors"), dict):
+            raise ValueError("vectors: version 4 carries packed vectors (an object)")
+
+    def with_epoch(self, epoch: int) -> Action:
+        """This action as a fleet replica holding the experiment's lease at `epoch` sends it."""
+        return self.model_copy(update={"epoch": epoch})
 
     def expired(self, now: float) -> bool:
         """Whether an actuator must refuse the action at `now` (unix seconds)."""
@@ -157,6 +233,7 @@ class Action(MessageModel):
         *,
         at: float | None = None,
         expires_at: float | None = None,
+        vectors: tuple[str, ...] = (),
     ) -> Action:
         """First attempt of a new action, with a fresh uuid4 `action_id`."""
         return cls(
@@ -168,6 +245,7 @@ class Action(MessageModel):
             issued_at=time.time() if at is None else at,
             attempt=1,
             expires_at=expires_at,
+            vectors=vectors,
         )
 
     def next_attempt(self, *, at: float | None = None) -> Action:
@@ -175,6 +253,47 @@ class Action(MessageModel):
         (and the same `expires_at`)."""
         issued_at = time.time() if at is None else at
         return self.model_copy(update={"attempt": self.attempt + 1, "issued_at": issued_at})
+
+
+MAX_VECTOR_LENGTH: Final = 1000
+_VECTOR_DTYPES: Final = {"float64": "d", "float32": "f"}  # struct codes, little-endian
+
+
+def pack_vector(values: Sequence[float], dtype: str = "float64") -> dict[str, Any]:
+    """A vector on the wire: `{"dtype": "float64", "shape": [D], "data": base64(LE bytes)}`."""
+    raw = struct.pack(f"<{len(values)}{_VECTOR_DTYPES[dtype]}", *map(float, values))
+    return {"dtype": dtype, "shape": [len(values)], "data": base64.b64encode(raw).decode("ascii")}
+
+
+def unpack_vector(packed: Any, name: str = "vector") -> list[float]:
+    """The floats of a packed vector (`pack_vector`); ValueError naming what is wrong."""
+    if not isinstance(packed, dict) or set(packed) != {"dtype", "shape", "data"}:
+        raise ValueError(f"vectors.{name}: expected an object with dtype, shape and data")
+    dtype, shape, data = packed["dtype"], packed["shape"], packed["data"]
+    if dtype not in _VECTOR_DTYPES:
+        raise ValueError(f"vectors.{name}.dtype: {dtype!r}, expected float64 or float32")
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 1
+        or type(shape[0]) is not int
+        or not 1 <= shape[0] <= MAX_VECTOR_LENGTH
+    ):
+        raise ValueError(f"vectors.{name}.shape: expected [D] with 1 <= D <= {MAX_VECTOR_LENGTH}")
+    if not isinstance(data, str):
+        raise ValueError(f"vectors.{name}.data: expected a base64 string")
+    try:
+        raw = base64.b64decode(data.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise ValueError(f"vectors.{name}.data: not valid base64") from None
+    code = f"<{shape[0]}{_VECTOR_DTYPES[dtype]}"
+    if len(raw) != struct.calcsize(code):
+        raise ValueError(
+            f"vectors.{name}.data: {len(raw)} bytes, expected {struct.calcsize(code)} for {shape}"
+        )
+    values = list(struct.unpack(code, raw))
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"vectors.{name}.data: values must be finite")
+    return values
 
 
 class Ack(MessageModel):
@@ -283,6 +402,42 @@ class Status(MessageModel):
     at: UnixTime
 
 
+class ControlRequest(MessageModel):
+    """operators → fleet replicas: one control-plane operation (`agent.control`).
+
+    `verb` is submit (with `spec`, the experiment spec as a JSON object), list, or pause,
+    resume, stop, status (with `experiment`). Replicas ignore a request older than
+    `CONTROL_MAX_AGE_S` by their clock, so one queued for a restarted replica is not replayed
+    after later changes. The reply goes to ``{prefix}/control/reply/{request_id}``.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.control"
+
+    request_id: ActionId
+    verb: Literal["submit", "list", "pause", "resume", "stop", "status"]
+    experiment: ExperimentId | None = None
+    spec: dict[str, Any] | None = None
+    at: UnixTime
+
+
+class ControlReply(MessageModel):
+    """fleet replicas → operators: what one replica did with a control request. Every replica
+    answers (the operations are idempotent: a second `pause` says ``changed: false``); take the
+    first reply. `ok` false: `error` says why in one line, and nothing was changed."""
+
+    SCHEMA: ClassVar[str] = "cbo.control_reply"
+
+    request_id: ActionId
+    replica: AgentId
+    ok: bool
+    error: Text | None = None
+    result: Any = None
+    at: UnixTime
+
+
+CONTROL_MAX_AGE_S: Final = 30.0
+
+
 class DeadLetter(MessageModel):
     """agent → operators: one rejected input, the reason code and the evidence."""
 
@@ -313,9 +468,12 @@ def _utf8_prefix(text: str) -> str:
     return safe[:DEADLETTER_TEXT_LIMIT]
 
 
-Message: TypeAlias = Action | Ack | Reading | Oracle | Status | DeadLetter
+Message: TypeAlias = (
+    Action | Ack | Reading | Oracle | Status | DeadLetter | ControlRequest | ControlReply
+)
 MESSAGE_TYPES: Final[dict[str, type[MessageModel]]] = {
-    model.SCHEMA: model for model in (Action, Ack, Reading, Oracle, Status, DeadLetter)
+    model.SCHEMA: model
+    for model in (Action, Ack, Reading, Oracle, Status, DeadLetter, ControlRequest, ControlReply)
 }
 M = TypeVar("M", bound=MessageModel)
 

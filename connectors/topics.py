@@ -14,6 +14,9 @@ Per experiment: ``{prefix}/{experiment}/deadletter`` (agent → operators: input
 rejected, with the reason). Per agent: ``{prefix}/agents/{agent_id}/status`` (retained; the
 last will says "offline").
 
+The fleet's control plane: ``{prefix}/control/request`` (operators → replicas) and
+``{prefix}/control/reply/{request_id}`` (replicas → operators).
+
 Experiment ids, device ids, agent ids and every level of the prefix are identifiers: 1 to 64
 characters from ``[A-Za-z0-9_.-]``, so they can never contain a topic separator or an MQTT
 wildcard.
@@ -29,7 +32,7 @@ DEFAULT_PREFIX: Final = "cbo"
 MAX_IDENTIFIER_LENGTH: Final = 64
 # "agents" is the level under which per-agent topics live; an experiment of that name would make
 # `{prefix}/agents/...` ambiguous to operators reading the broker's topic tree.
-RESERVED_EXPERIMENT_IDS: Final = frozenset({"agents"})
+RESERVED_EXPERIMENT_IDS: Final = frozenset({"agents", "control"})
 
 TopicKind = Literal["action", "ack", "reading", "oracle", "deadletter"]
 DEVICE_TOPIC_KINDS: Final[tuple[TopicKind, ...]] = get_args(TopicKind)
@@ -38,6 +41,7 @@ EXPERIMENT_TOPIC_KINDS: Final[tuple[ExperimentTopicKind, ...]] = get_args(Experi
 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_IDENTIFIER_LENGTH}}}")
 _AGENTS_LEVEL: Final = "agents"
+_CONTROL_LEVEL: Final = "control"
 _STATUS_LEVEL: Final = "status"
 
 
@@ -164,6 +168,15 @@ class Topics:
         level = "+" if experiment is None else validate_experiment_id(experiment)
         who = "+" if device is None else validate_device_id(device)
         return f"{self.prefix}/{level}/{who}/{kind}"
+
+    def control_request(self) -> str:
+        """Topic operators publish control-plane requests on; every fleet replica reads it."""
+        return f"{self.prefix}/{_CONTROL_LEVEL}/request"
+
+    def control_reply(self, request_id: str) -> str:
+        """Topic a replica answers one control request on."""
+        validate_identifier(request_id, "request id")
+        return f"{self.prefix}/{_CONTROL_LEVEL}/reply/{request_id}"
 
     def status_filter(self) -> str:
         """Subscription filter matching every agent's status topic."""

@@ -4,95 +4,125 @@ The incremental GP keeps its Cholesky factor in the top-left n×n block of a (ca
 buffer so that appending a row never moves the rows above it. `torch.linalg.solve_triangular`
 only accepts contiguous matrices, so it copies such a block first — an O(n²) copy that costs as
 much as the solve itself (measured: 3.1 ms instead of 0.3 ms at n = 2000). BLAS's `trsm` takes a
-leading dimension and reads the block in place, so on the CPU we call the `?trsm_` routine of the
-BLAS that torch itself links (MKL or OpenBLAS). Where that symbol is missing, or on another
-device, we fall back to torch on a contiguous copy: correct everywhere, fast where it matters.
+leading dimension and reads the block in place, so on the CPU we call `?trsm` (`?trsv` for a
+single right-hand side, which SciPy's OpenBLAS runs 2-3× faster) through SciPy's public BLAS
+interface for compiled code, `scipy.linalg.cython_blas`: its functions are exported
+as C function pointers (the module's `__pyx_capi__` capsules, each named by its C signature,
+which we check before use), and SciPy's wrappers take care of the Fortran calling convention
+(the hidden string-length arguments included). SciPy's Python-level `scipy.linalg.blas.dtrsm`
+would be the tidier call, but it copies a block with a leading dimension larger than n into a
+contiguous array — the very copy this module exists to avoid. Where the capsules are missing or
+their signature differs, or on another device, we fall back to torch on a contiguous copy:
+correct everywhere, fast where it matters.
 
 `append_rows_` and `set_entries_` serve the GP's append the same way. A torch call costs some
 5-10 µs however small its operands, and an append built of a few dozen of them (views of the new
 row, a gather, dot products, scatters of a few scalars) spent about as long on those as on its
-one O(n²) solve at n = 2000. On the CPU these two work through raw pointers instead — `memcpy`,
-`?trsm_`, `?dot_` and scalar stores — with the same torch fallback elsewhere.
+one O(n²) solve at n = 2000. On the CPU these two work on NumPy views of the same memory
+(`Tensor.numpy()`: bounds-checked, sub-microsecond indexing), `cython_blas`'s `?trsv` and
+NumPy's dot products, with the torch fallback elsewhere. Nothing is written through a raw
+address: BLAS writes only the right-hand side it is given, whose extent is checked first, and
+every other store goes through a NumPy view.
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import math
-import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
-_CHAR = ctypes.c_char
-_INT = ctypes.c_int
+_CHAR_P = ctypes.c_char_p
+_INT_P = ctypes.POINTER(ctypes.c_int)
 _SCALARS: dict[torch.dtype, type] = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
 _PREFIXES = {torch.float64: "d", torch.float32: "s"}
 
-
-def _candidate_libraries() -> list[str]:
-    torch_dir = os.path.dirname(torch.__file__)
-    names = [os.path.join(torch_dir, "lib", "libtorch_cpu.so")]
-    names += sorted(glob.glob(os.path.join(torch_dir, "lib", "*blas*.so*")))
-    names += sorted(glob.glob(os.path.join(os.path.dirname(torch_dir), "torch.libs", "*blas*.so*")))
-    return [name for name in names if os.path.exists(name)]
-
-
-def _load(symbol: str, restype: type | None, argtypes: list) -> Callable | None:
-    for path in _candidate_libraries():
-        try:
-            fn = getattr(ctypes.CDLL(path), symbol)
-        except (OSError, AttributeError):
-            continue
-        fn.restype = restype
-        fn.argtypes = argtypes
-        return fn
-    return None
+# The C signatures `scipy.linalg.cython_blas` documents, as its capsules spell them (the scalar
+# typedef is written out per dtype below).
+_TRSM_SIGNATURE = (
+    "void (char *, char *, char *, char *, int *, int *, {t} *, {t} *, int *, {t} *, int *)"
+)
+_TRSV_SIGNATURE = "void (char *, char *, char *, int *, {t} *, int *, {t} *, int *)"
 
 
-def _load_trsm(symbol: str, scalar: type) -> Callable | None:
-    return _load(
-        symbol,
+def _capsule_pointer(name: str, signature: str) -> int | None:
+    """The C function pointer scipy.linalg.cython_blas exports as `name`, if its signature is
+    `signature` (with `{t}` standing for scipy's scalar typedef); None otherwise."""
+    try:
+        from scipy.linalg import cython_blas
+    except ImportError:
+        return None
+    capsule = getattr(cython_blas, "__pyx_capi__", {}).get(name)
+    if capsule is None:
+        return None
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    raw_name = get_name(capsule)
+    typedef = f"__pyx_t_5scipy_6linalg_11cython_blas_{name[0]}"
+    if raw_name is None or raw_name.decode() != signature.format(t=typedef):
+        return None
+    return get_pointer(capsule, raw_name)
+
+
+def _load_trsm(dtype: torch.dtype) -> Callable | None:
+    scalar = _SCALARS[dtype]
+    pointer = _capsule_pointer(f"{_PREFIXES[dtype]}trsm", _TRSM_SIGNATURE)
+    if pointer is None:
+        return None
+    prototype = ctypes.CFUNCTYPE(
         None,
-        [
-            ctypes.POINTER(_CHAR),  # side
-            ctypes.POINTER(_CHAR),  # uplo
-            ctypes.POINTER(_CHAR),  # transa
-            ctypes.POINTER(_CHAR),  # diag
-            ctypes.POINTER(_INT),  # m
-            ctypes.POINTER(_INT),  # n (right-hand sides)
-            ctypes.POINTER(scalar),  # alpha
-            ctypes.c_void_p,  # a
-            ctypes.POINTER(_INT),  # lda
-            ctypes.c_void_p,  # b
-            ctypes.POINTER(_INT),  # ldb
-        ],
+        _CHAR_P,  # side
+        _CHAR_P,  # uplo
+        _CHAR_P,  # transa
+        _CHAR_P,  # diag
+        _INT_P,  # m
+        _INT_P,  # n (right-hand sides)
+        ctypes.POINTER(scalar),  # alpha
+        ctypes.c_void_p,  # a
+        _INT_P,  # lda
+        ctypes.c_void_p,  # b (written)
+        _INT_P,  # ldb
     )
+    return prototype(pointer)
 
 
-def _load_dot(symbol: str, scalar: type) -> Callable | None:
-    # n, x, incx, y, incy; the result comes back as a Python float
-    pointer, stride = [ctypes.POINTER(_INT), ctypes.c_void_p], ctypes.POINTER(_INT)
-    return _load(symbol, scalar, [*pointer, stride, ctypes.c_void_p, stride])
+def _load_trsv(dtype: torch.dtype) -> Callable | None:
+    pointer = _capsule_pointer(f"{_PREFIXES[dtype]}trsv", _TRSV_SIGNATURE)
+    if pointer is None:
+        return None
+    prototype = ctypes.CFUNCTYPE(
+        None,
+        _CHAR_P,  # uplo
+        _CHAR_P,  # trans
+        _CHAR_P,  # diag
+        _INT_P,  # n
+        ctypes.c_void_p,  # a
+        _INT_P,  # lda
+        ctypes.c_void_p,  # x (written)
+        _INT_P,  # incx
+    )
+    return prototype(pointer)
 
 
-_TRSM: dict[torch.dtype, tuple[Callable, type]] = {}
-_DOT: dict[torch.dtype, Callable] = {}
-for _dtype, _scalar in _SCALARS.items():
-    _fn = _load_trsm(f"{_PREFIXES[_dtype]}trsm_", _scalar)
-    if _fn is not None:
-        _TRSM[_dtype] = (_fn, _scalar)
-    _fn = _load_dot(f"{_PREFIXES[_dtype]}dot_", _scalar)
-    if _fn is not None:
-        _DOT[_dtype] = _fn
+_TRSM: dict[torch.dtype, Callable] = {}
+# One right-hand side (an append) goes to ?trsv: SciPy's OpenBLAS runs ?trsm with one column
+# 2-3× slower than ?trsv (measured at n = 500-4000; docs/benchmarks.md), MKL's did not.
+_TRSV: dict[torch.dtype, Callable] = {}
+for _dtype in _SCALARS:
+    _fn, _fv = _load_trsm(_dtype), _load_trsv(_dtype)
+    if _fn is not None and _fv is not None:
+        _TRSM[_dtype], _TRSV[_dtype] = _fn, _fv
 
 
 # The arguments that never change, passed by reference (building them per call cost more than
-# the solve itself for small n).
-_UPPER_TRANSPOSED = tuple(ctypes.byref(_CHAR(flag)) for flag in (b"L", b"U", b"T", b"N"))
-_ONE_RHS = ctypes.byref(_INT(1))
-_ALPHA = {dtype: ctypes.byref(scalar(1.0)) for dtype, (_, scalar) in _TRSM.items()}
+# the solve itself for small n). The flags are NUL-terminated one-character strings.
+_UPPER_TRANSPOSED = (b"L", b"U", b"T", b"N")
+_UPPER_TRANSPOSED_V = _UPPER_TRANSPOSED[1:]  # ?trsv has no side
+_ONE = ctypes.byref(ctypes.c_int(1))
+_ALPHA = {dtype: ctypes.byref(_SCALARS[dtype](1.0)) for dtype in _TRSM}
 
 
 def _blas_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
@@ -113,18 +143,30 @@ def _blas_usable(buffer: torch.Tensor, rhs: torch.Tensor) -> bool:
 def _blas_solve_rows_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
     """BLAS call: overwrite each row of `rhs` (k, n) with L⁻¹ row, L the lower n×n block of
     row-major `buffer`."""
+    if buffer.shape[0] < n or buffer.shape[1] < n or rhs.shape[1] != n:
+        raise IndexError(
+            f"a {n}×{n} factor does not fit {tuple(buffer.shape)} / {tuple(rhs.shape)}"
+        )
     # A row-major buffer read as column-major (lda = row stride) is Lᵀ, an upper factor; solving
     # Lx = b is therefore "upper, transposed" in BLAS terms, and each row of rhs is one
-    # column-major right-hand side (ldb = its row stride).
-    _TRSM[buffer.dtype][0](
+    # column-major right-hand side (ldb = its row stride). BLAS writes rhs's k rows of n and
+    # nothing else: rhs is a view, so that extent lies inside its tensor's memory.
+    lda = ctypes.byref(ctypes.c_int(buffer.stride(0)))
+    count = ctypes.byref(ctypes.c_int(n))
+    if rhs.shape[0] == 1:
+        _TRSV[buffer.dtype](
+            *_UPPER_TRANSPOSED_V, count, buffer.data_ptr(), lda, rhs.data_ptr(), _ONE
+        )
+        return
+    _TRSM[buffer.dtype](
         *_UPPER_TRANSPOSED,
-        ctypes.byref(_INT(n)),
-        ctypes.byref(_INT(rhs.shape[0])),
+        count,
+        ctypes.byref(ctypes.c_int(rhs.shape[0])),
         _ALPHA[buffer.dtype],
         buffer.data_ptr(),
-        ctypes.byref(_INT(buffer.stride(0))),
+        lda,
         rhs.data_ptr(),
-        ctypes.byref(_INT(rhs.stride(0))),
+        ctypes.byref(ctypes.c_int(rhs.stride(0))),
     )
 
 
@@ -167,9 +209,9 @@ def solve_lower_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> N
 
 
 def _raw_usable(*tensors: torch.Tensor) -> bool:
-    """Whether tensors can be worked on through raw pointers (and BLAS) on the CPU."""
+    """Whether tensors can be worked on through NumPy views (and BLAS) on the CPU."""
     dtype = tensors[0].dtype
-    if dtype not in _TRSM or dtype not in _DOT:
+    if dtype not in _TRSM:
         return False
     return all(
         t.is_cpu and t.dtype == dtype and not t.requires_grad and t.is_contiguous() for t in tensors
@@ -191,7 +233,8 @@ def append_rows_(
     Args:
         factor: (b, capacity, capacity) contiguous buffer of factors.
         vector: (b, capacity) contiguous; the second dot product is taken with its rows.
-        source: (b, w) contiguous right-hand sides, w ≥ every listed member's n.
+        source: (b, w) contiguous right-hand sides, w ≥ every listed member's n (or (w,), one
+            right-hand side shared by every member).
         rows: n per member (indexed by member).
         members: the members to extend.
 
@@ -200,12 +243,12 @@ def append_rows_(
     """
     if not _raw_usable(factor, vector, source):
         return _append_rows_torch_(factor, vector, source, rows, members)
-    trsm, dot = _TRSM[factor.dtype][0], _DOT[factor.dtype]
-    alpha, size = _ALPHA[factor.dtype], factor.element_size()
+    trsv = _TRSV[factor.dtype]
+    f, v, s = factor.numpy(), vector.numpy(), source.numpy()  # views of the same memory
     capacity = factor.shape[-1]
-    f_base, v_base, s_base = factor.data_ptr(), vector.data_ptr(), source.data_ptr()
-    s_stride = source.stride(0) if source.dim() == 2 else 0
-    lda = ctypes.byref(_INT(capacity))
+    block_bytes = capacity * capacity * factor.element_size()
+    f_base = factor.data_ptr()
+    lda = ctypes.byref(ctypes.c_int(capacity))
     out = []
     for j in members:
         n = rows[j]
@@ -214,15 +257,13 @@ def append_rows_(
             continue
         if not (0 <= j < factor.shape[0] and n < capacity and n <= source.shape[-1]):
             raise IndexError(f"member {j} with {n} rows does not fit the buffers")
-        lower = f_base + j * capacity * capacity * size
-        row = lower + n * capacity * size
-        ctypes.memmove(row, s_base + j * s_stride * size, n * size)
-        count = ctypes.byref(_INT(n))
-        trsm(*_UPPER_TRANSPOSED, count, _ONE_RHS, alpha, lower, lda, row, count)
-        v_row = v_base + j * capacity * size
-        out.append(
-            (dot(count, row, _ONE_RHS, row, _ONE_RHS), dot(count, row, _ONE_RHS, v_row, _ONE_RHS))
-        )
+        row = f[j, n, :n]
+        row[:] = s[j, :n] if s.ndim == 2 else s[:n]
+        count = ctypes.byref(ctypes.c_int(n))
+        # factor j's block starts j blocks into the buffer; its row n (the new row, inside the
+        # same buffer: checked above) is BLAS's right-hand side.
+        trsv(*_UPPER_TRANSPOSED_V, count, f_base + j * block_bytes, lda, row.ctypes.data, _ONE)
+        out.append((float(np.dot(row, row)), float(np.dot(row, v[j, :n]))))
     return out
 
 
@@ -258,7 +299,8 @@ def _append_rows_torch_(
 def set_entries_(*writes: tuple[torch.Tensor, Sequence[int], Sequence[float]]) -> None:
     """For each (tensor, offsets, values): tensor.view(-1)[offsets] = values, a few scalars each.
 
-    On the CPU these are raw stores, one per value; elsewhere one scatter per tensor.
+    On the CPU these are stores through a NumPy view, one per value; elsewhere one scatter per
+    tensor.
     """
     for tensor, offsets, values in writes:
         if len(offsets) != len(values):
@@ -266,12 +308,12 @@ def set_entries_(*writes: tuple[torch.Tensor, Sequence[int], Sequence[float]]) -
         if offsets and (min(offsets) < 0 or max(offsets) >= tensor.numel()):
             raise IndexError(f"offsets out of range for a tensor of {tensor.numel()} elements")
     tensors = [tensor for tensor, _, _ in writes]
-    if tensors and tensors[0].dtype in _SCALARS and _raw_usable(*tensors):
-        scalar, size = _SCALARS[tensors[0].dtype], tensors[0].element_size()
+    if tensors and _raw_usable(*tensors):
         for tensor, offsets, values in writes:
-            base = tensor.data_ptr()
-            for offset, value in zip(offsets, values, strict=True):
-                scalar.from_address(base + offset * size).value = value
+            flat = tensor.numpy().reshape(-1)  # a view: the tensor is contiguous
+            with np.errstate(over="ignore"):  # a float64 past float32's range is inf, as in torch
+                for offset, value in zip(offsets, values, strict=True):
+                    flat[offset] = value
         return
     for tensor, offsets, values in writes:
         index = torch.tensor(list(offsets), dtype=torch.long, device=tensor.device)
@@ -295,31 +337,25 @@ def _self_test() -> None:
         rows = torch.randn(3, 8, generator=gen, dtype=dtype)  # strided right-hand sides
         solved = rows.clone()
         expected = torch.linalg.solve_triangular(lower, rows[:, :5].mT, upper=False).mT
+        factor = torch.eye(8, dtype=dtype).repeat(2, 1, 1)
+        factor[:, :5, :5] = lower
+        vector = torch.randn(2, 8, generator=gen, dtype=dtype)
+        source = torch.randn(2, 6, generator=gen, dtype=dtype)
+        twin = factor.clone()
         try:
             _blas_solve_rows_(buffer, 5, solved[:, :5])
-        except Exception:  # a foreign BLAS that fails to load or run is simply not used
-            solved.fill_(math.nan)
-        if not torch.allclose(solved[:, :5], expected, rtol=1e-4, atol=1e-5):
+            ours = append_rows_(factor, vector, source, [5, 5], [0, 1])  # the whole append route
+        except Exception:  # a BLAS that fails to run is simply not used
             del _TRSM[dtype]
-            _DOT.pop(dtype, None)
             continue
-        if dtype in _DOT:  # the whole append route against its torch twin
-            factor = torch.eye(8, dtype=dtype).repeat(2, 1, 1)
-            factor[:, :5, :5] = lower
-            vector = torch.randn(2, 8, generator=gen, dtype=dtype)
-            source = torch.randn(2, 6, generator=gen, dtype=dtype)
-            twin = factor.clone()
-            try:
-                ours = append_rows_(factor, vector, source, [5, 5], [0, 1])
-            except Exception:
-                del _DOT[dtype]
-                continue
-            theirs = _append_rows_torch_(twin, vector, source, [5, 5], [0, 1])
-            same = torch.allclose(factor, twin, rtol=1e-4, atol=1e-5) and torch.allclose(
-                torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=1e-5
-            )
-            if not same:
-                del _DOT[dtype]
+        theirs = _append_rows_torch_(twin, vector, source, [5, 5], [0, 1])
+        same = (
+            torch.allclose(solved[:, :5], expected, rtol=1e-4, atol=1e-5)
+            and torch.allclose(factor, twin, rtol=1e-4, atol=1e-5)
+            and torch.allclose(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=1e-5)
+        )
+        if not same:
+            del _TRSM[dtype]
 
 
 _self_test()

@@ -138,6 +138,116 @@ class ActionSpec(_Strict):
     _bounds = field_validator("bounds")(_check_bounds)
 
 
+MAX_PARAMETERS = 1000
+
+
+class ParametersSpec(_Strict):
+    """A parameter vector θ of dimension D (paper 000): the parameters of a controller the
+    devices run, one round being one episode with θ.
+
+    It stands for D soft actions named `{name}.0` … `{name}.{D-1}` (added to `actions` when the
+    spec is read, so every policy, the ledger and recovery see them as actions), published
+    together in one action message (docs/protocol.md, `vectors`). A round that sets θ costs
+    `cost` once, whatever its values.
+    """
+
+    name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,47}$",
+        description="The vector's name; its coordinates are the actions `{name}.0` … "
+        "`{name}.{D-1}`.",
+    )
+    dimension: int = Field(
+        ge=1, le=MAX_PARAMETERS, description=f"D, the number of parameters (1 to {MAX_PARAMETERS})."
+    )
+    bounds: tuple[float, float] = Field(
+        description="`[low, high]` of every coordinate (see `coordinate_bounds` for per-"
+        "coordinate ones)."
+    )
+    coordinate_bounds: list[tuple[float, float]] | None = Field(
+        default=None,
+        description="Optional, one `[low, high]` per coordinate, overriding `bounds`.",
+    )
+    targets: list[str] = Field(
+        min_length=1, description="The nodes whose models take θ as input (usually the reward)."
+    )
+    cost: float = Field(default=1.0, ge=0, description="Cost of one round (one episode).")
+    blocks: dict[str, tuple[int, int]] = Field(
+        default={},
+        description="Optional named blocks of coordinates (the controller's sub-networks), each "
+        "a half-open range `[start, stop)`; they may not overlap. Policies may use them as a "
+        "given decomposition (`addgpucb`).",
+    )
+
+    _bounds = field_validator("bounds")(_check_bounds)
+
+    @field_validator("coordinate_bounds")
+    @classmethod
+    def _each_bounds(cls, value: list[tuple[float, float]] | None):
+        if value is not None:
+            for pair in value:
+                _check_bounds(pair)
+        return value
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ParametersSpec:
+        problems = []
+        if self.coordinate_bounds is not None and len(self.coordinate_bounds) != self.dimension:
+            problems.append(
+                f"coordinate_bounds: one pair per coordinate ({self.dimension}), "
+                f"got {len(self.coordinate_bounds)}"
+            )
+        taken: list[tuple[int, int, str]] = []
+        for block, (start, stop) in self.blocks.items():
+            if not 0 <= start < stop <= self.dimension:
+                problems.append(
+                    f"blocks.{block}: [{start}, {stop}) is not within [0, {self.dimension})"
+                )
+                continue
+            for other_start, other_stop, other in taken:
+                if start < other_stop and other_start < stop:
+                    problems.append(f"blocks.{block}: overlaps block {other!r}")
+            taken.append((start, stop, block))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def coordinate_names(self) -> list[str]:
+        return [f"{self.name}.{i}" for i in range(self.dimension)]
+
+    def coordinate_bound(self, i: int) -> tuple[float, float]:
+        return self.coordinate_bounds[i] if self.coordinate_bounds else self.bounds
+
+
+def _expand_parameters(data: Any) -> Any:
+    """Add the D coordinate actions of a `parameters` section to `actions` (before validation)."""
+    if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
+        return data
+    try:
+        params = ParametersSpec.model_validate(data["parameters"])
+    except ValidationError:
+        return data  # the field's own validation reports it
+    actions = data.get("actions")
+    declared = list(actions) if isinstance(actions, list) else []
+    prefix = f"{params.name}."
+    if any(isinstance(a, dict) and str(a.get("name", "")).startswith(prefix) for a in declared):
+        declared = [
+            a
+            for a in declared
+            if not (isinstance(a, dict) and str(a.get("name", "")).startswith(prefix))
+        ]  # a spec written back (spec.model_dump) already holds them: rebuild them
+    expanded = [
+        {
+            "name": name,
+            "targets": list(params.targets),
+            "bounds": list(params.coordinate_bound(i)),
+            "cost": 0.0,
+        }
+        for i, name in enumerate(params.coordinate_names)
+    ]
+    return {**data, "actions": declared + expanded}
+
+
 class RewardSpec(_Strict):
     """The quantity to maximize: a node of the graph, or a known function g of components.
 
@@ -303,8 +413,9 @@ class PolicySpec(_Strict):
 
     name: str = Field(
         default="mcbo",
-        description="The policy: `mcbo`, `eifn`, `gpucb`, `dgpucb` (a decomposed reward only) "
-        "or `random` (`cbo-agent bench regret --list` lists them).",
+        description="The policy: `mcbo`, `eifn`, `eicbo` (hard interventions only), `gpucb`, "
+        "`dgpucb` (a decomposed reward only) or `random` (`cbo-agent bench regret --list` lists "
+        "them).",
     )
     settings: dict[str, Any] = Field(
         default={},
@@ -431,7 +542,15 @@ class ExperimentSpec(_Strict):
     nodes: list[NodeSpec] = Field(
         min_length=1, description="The causal graph's nodes, each with its parents."
     )
-    actions: list[ActionSpec] = Field(min_length=1, description="What the agent can set.")
+    actions: list[ActionSpec] = Field(
+        default=[],
+        description="What the agent can set (at least one action, or `parameters`).",
+    )
+    parameters: ParametersSpec | None = Field(
+        default=None,
+        description="A parameter vector θ of dimension D (paper 000) that stands for D actions "
+        "`{name}.0` … `{name}.{D-1}`, published in one message. null: none.",
+    )
     target_sets: list[list[str]] | None = Field(
         default=None,
         description="Hard interventions only: the sets of actions allowed together in a round "
@@ -468,9 +587,15 @@ class ExperimentSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        return _expand_parameters(data)
+
     @model_validator(mode="after")
     def _check_references(self) -> ExperimentSpec:
         problems = [
+            *self._parameter_problems(),
             *self._graph_problems(),
             *self._action_problems(),
             *self._target_set_problems(),
@@ -585,6 +710,31 @@ class ExperimentSpec(_Strict):
                 elif action.targets[0] == self.reward.node:
                     problems.append(f"actions[{i}].targets: the reward node cannot be set")
         return problems
+
+    def _parameter_problems(self) -> list[str]:
+        if not self.actions:
+            return ["actions: declare at least one action (or a `parameters` vector)"]
+        params = self.parameters
+        if params is None:
+            return []
+        problems = []
+        if self.intervention != "soft":
+            problems.append("parameters: a parameter vector is a soft intervention")
+        if self.constraints.max_interventions is not None:
+            problems.append("constraints.max_interventions: every parameter is set each round")
+        if self.candidates is not None:
+            problems.append("candidates: not with a parameter vector")
+        for target in params.targets:
+            if target not in self.node_names:
+                problems.append(
+                    f"parameters.targets: {unknown_name('node', target, self.node_names)}"
+                )
+        return problems
+
+    @property
+    def parameter_vector(self) -> list[str]:
+        """The coordinate actions of `parameters` (empty without one)."""
+        return self.parameters.coordinate_names if self.parameters is not None else []
 
     def _reward_problems(self) -> list[str]:
         reward = self.reward

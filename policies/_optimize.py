@@ -278,3 +278,147 @@ def ascend(
         best_x[better] = x.detach()[better]
         best_v = torch.where(better, value, best_v)
     return best_x, best_v, timed_out
+
+
+@dataclass
+class JointResult:
+    """The best point of each of K boxes searched together.
+
+    Attributes:
+        x: (K, D) best point per box.
+        value: (K,) f there.
+        timed_out: the optimizer was stopped by its time limit (or the raw phase was cut).
+        seconds: wall-clock time spent.
+        restarts: L-BFGS-B starts run (all boxes together).
+    """
+
+    x: torch.Tensor
+    value: torch.Tensor
+    timed_out: bool
+    seconds: float
+    restarts: int
+
+
+def maximize_joint(
+    fn: Objective,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    *,
+    restarts: int,
+    raw_per_box: int,
+    maxiter: int,
+    timeout: float,
+    seed: int,
+    initial: list[torch.Tensor | None] | None = None,
+    chunk: int = 1024,
+) -> JointResult:
+    """Maximize one f over each of K boxes of the same space, all in one batched search.
+
+    The boxes are the regions of one proposal written in a common coordinate system (a soft
+    intervention's full action vector: the actions outside a region's support are boxes of
+    width 0), so one call of f scores points of every region, and one L-BFGS-B run — BoTorch's
+    `gen_candidates_scipy`, with per-start bounds — climbs from starts in all of them at once.
+    Against one `maximize` per region this pays the fixed cost of an acquisition call (torch's
+    per-operation overhead, a rollout through every node) once per step instead of K times.
+
+    Starts: `raw_per_box` scrambled-Sobol points per box are scored (one batched call per
+    `chunk`); each box's best raw point and its `initial` points (warm starts) start a climb,
+    and BoTorch's Boltzmann rule picks `restarts` more among all raw points, so the boxes whose
+    raw points score high get more of the climbs.
+
+    Args:
+        fn: (b, D) -> (b,), differentiable, independent across the batch.
+        lower, upper: (K, D) the boxes.
+        restarts: starts picked by the Boltzmann rule across all boxes (besides the per-box ones).
+        raw_per_box: Sobol points scored per box.
+        maxiter: L-BFGS-B iteration cap.
+        timeout: seconds for the whole call (the raw phase may use half).
+        seed: seeds the Sobol points and BoTorch's random choices.
+        initial: per box, (k, D) extra starts inside the box, or None.
+        chunk: points per call of f in the raw phase.
+    """
+    from botorch.generation.gen import gen_candidates_scipy
+
+    started = time.monotonic()
+    boxes, dim = lower.shape
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        warnings.simplefilter("ignore", OptimizationWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        engine = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
+        u = engine.draw(raw_per_box, dtype=torch.float64).to(lower)  # (m, D), shared by boxes
+        raw = lower.unsqueeze(1) + (upper - lower).unsqueeze(1) * u  # (K, m, D)
+        owner = torch.arange(boxes, device=lower.device).repeat_interleave(raw_per_box)
+        raw = raw.reshape(-1, dim)
+        scores, cut = [], False
+        with torch.no_grad():
+            for part in raw.split(chunk):
+                if scores and time.monotonic() - started > timeout / 2:
+                    cut = True
+                    break
+                scores.append(fn(part))
+        score = torch.cat(scores)
+        score = torch.where(torch.isfinite(score), score, torch.finfo(score.dtype).min)
+        raw, owner = raw[: len(score)], owner[: len(score)]
+        # every box's best raw point (boxes the cut left unscored start from their lower corner)
+        best_x = lower.clone()
+        best_v = torch.full((boxes,), -math.inf, dtype=lower.dtype, device=lower.device)
+        best_v = best_v.scatter_reduce(0, owner, score, "amax")
+        for k in range(boxes):
+            mine = (owner == k).nonzero().flatten()
+            if len(mine):
+                best_x[k] = raw[mine[int(score[mine].argmax())]]
+        starts, start_owner = [best_x], [torch.arange(boxes, device=lower.device)]
+        if restarts > 0 and len(raw) > restarts and float(score.std()) > 0.0:
+            picked, _ = initialize_q_batch(raw.unsqueeze(-2), score, n=restarts)
+            picked = picked.squeeze(-2)
+            # the owner of each picked point: the raw row it equals
+            match = (picked.unsqueeze(1) == raw.unsqueeze(0)).all(-1).float().argmax(-1)
+            starts.append(picked)
+            start_owner.append(owner[match])
+        for k, extra in enumerate(initial or []):
+            if extra is not None and len(extra):
+                extra = torch.minimum(torch.maximum(extra.to(lower), lower[k]), upper[k])
+                starts.append(extra)
+                start_owner.append(torch.full((len(extra),), k, device=lower.device))
+        x0, who = torch.cat(starts), torch.cat(start_owner)
+        with torch.no_grad():
+            v0 = fn(x0)
+        v0 = torch.where(torch.isfinite(v0), v0, -math.inf)
+        best_v, best_x = _per_box_best(best_v, best_x, v0, x0, who)
+        remaining = timeout - (time.monotonic() - started)
+        if remaining <= 0 or not depends_on_input(fn, x0[:1]):
+            return JointResult(best_x, best_v, cut or remaining <= 0, _since(started), 0)
+        x, values = gen_candidates_scipy(
+            x0.unsqueeze(-2),
+            _FunctionAcquisition(fn),
+            lower_bounds=lower[who].unsqueeze(-2),
+            upper_bounds=upper[who].unsqueeze(-2),
+            options={"maxiter": maxiter},
+            timeout_sec=remaining,
+        )
+    x = torch.minimum(torch.maximum(x.reshape(-1, dim).detach(), lower[who]), upper[who])
+    values = torch.where(torch.isfinite(values.detach()), values.detach(), -math.inf)
+    best_v, best_x = _per_box_best(best_v, best_x, values.reshape(-1), x, who)
+    seconds = _since(started)
+    return JointResult(best_x, best_v, cut or seconds >= timeout, seconds, len(x0))
+
+
+def _per_box_best(
+    best_v: torch.Tensor,
+    best_x: torch.Tensor,
+    values: torch.Tensor,
+    points: torch.Tensor,
+    owner: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K,), (K, D) best so far, updated with (n,) values at (n, D) points owned by box owner."""
+    best_v, best_x = best_v.clone(), best_x.clone()
+    for i in range(len(values)):
+        k = int(owner[i])
+        if float(values[i]) > float(best_v[k]):
+            best_v[k], best_x[k] = values[i], points[i]
+    return best_v, best_x
+
+
+def _since(started: float) -> float:
+    return time.monotonic() - started

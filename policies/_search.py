@@ -9,9 +9,17 @@ does the rest:
    the cardinality limit and the round cap, each with its box and linear budget. When there are
    more than `max_regions`, each is screened with `screen_samples` random feasible points (one
    batched acquisition call per target set) and only the `max_regions` best are optimized.
-3. Each region is optimized (`Problem.solve`, by default BoTorch's multi-start L-BFGS-B) with a
-   fair share of the remaining wall-clock budget `max_seconds`; the best region wins. When the
-   cap runs out, the remaining regions are skipped, and `diagnostics["timed_out"]` says so.
+3. When the policy can score points of every region in one call (`Problem.joint_evaluator`:
+   MCBO with a constant η, whose soft regions share one rollout), all regions are searched
+   together: one raw phase over every region's box, one batched L-BFGS-B from starts in all of
+   them (each region's best raw point, its warm starts, and `restarts` more picked across all
+   regions), capped at `joint_maxiter` iterations (`SearchPolicy._search_joint`). A call of the
+   acquisition costs nearly the same for 1 point as for 200 (torch's per-operation overhead
+   through every node), so this costs about what one region searched alone did.
+   Otherwise each region is optimized (`Problem.solve`, by default BoTorch's multi-start
+   L-BFGS-B) with a fair share of the remaining wall-clock budget `max_seconds`; the best region
+   wins. When the cap runs out, the remaining regions are skipped, and
+   `diagnostics["timed_out"]` says so.
 4. The winner is made feasible (clamped to its box, pulled inside the budget), soft values within
    1e-9 of the span from 0 are snapped to 0 (they would pay an action's fixed cost for nothing),
    and its exact cost is computed with `policies.base.intervention_cost`.
@@ -44,7 +52,7 @@ from pydantic import Field
 
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
-from policies._optimize import Deadline, maximize, seed_from
+from policies._optimize import Deadline, maximize, maximize_joint, seed_from
 from policies._supports import Region, admissible_candidates, admissible_regions
 from policies.base import (
     Constraints,
@@ -74,10 +82,15 @@ class SearchSettings(PolicySettings):
             opportunity to act — so a free option (an observational round, a zero action) is
             scored as if it cost as much as the cheapest paid action, instead of dominating
             everything with any positive improvement.
-        max_regions: at most this many supports/target sets are optimized; more are screened.
+        max_regions: at most this many supports/target sets are optimized one by one; more are
+            screened (regions searched together are all searched).
         max_enumerate: cap on the soft supports listed (see `policies._supports`).
         screen_samples: random points per region when screening.
         warm_starts: best solutions remembered per region and reused as starts next round.
+        joint_maxiter: L-BFGS-B iteration cap when all regions are searched together (see
+            `SearchPolicy._search_joint`): one acquisition call then serves every region, so the
+            time of a proposal is about this many calls, warm starts carry last round's optima
+            and the raw phase spreads the starts over the regions.
     """
 
     max_seconds: float = Field(default=10.0, gt=0)
@@ -90,6 +103,7 @@ class SearchSettings(PolicySettings):
     max_enumerate: int = Field(default=4096, ge=1)
     screen_samples: int = Field(default=32, ge=1)
     warm_starts: int = Field(default=2, ge=0)
+    joint_maxiter: int = Field(default=30, ge=1)
 
 
 @dataclass
@@ -167,6 +181,14 @@ class Problem(ABC):
 
     def diagnostics(self) -> dict[str, Any]:
         return {}
+
+    def joint_evaluator(
+        self, set_actions: tuple[str, ...]
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """f: (b, A + E) -> (b,), the acquisition at full action vectors [A] and the extra
+        variables [E] of every region with these `set_actions`, or None when the policy cannot
+        score the regions' points together (then each region is searched on its own)."""
+        return None
 
     def solve(
         self, region: Region, scorer: Scorer, deadline: Deadline, timeout: float, seed: int
@@ -255,14 +277,17 @@ class SearchPolicy(Policy):
             model, constraints, max_enumerate=self.settings.max_enumerate, generator=rng
         )
         diagnostics: dict[str, Any] = {"policy": self.name, "regions": len(regions)}
-        if len(regions) > self.settings.max_regions:
-            regions = self._screen(problem, regions, rng)
-            diagnostics["screened_to"] = len(regions)
         scorer: Scorer = plain_scorer
         if self.settings.cost_aware:
             baseline = 0.0 if problem.baseline_is_zero else self._baseline(model, problem)
             scorer = ratio_scorer(baseline, self._cost_floor())
             diagnostics["cost_baseline"] = baseline
+        joint = self._joint(problem, regions, scorer) is not None
+        if len(regions) > self.settings.max_regions and not joint:
+            # searched one by one, each region costs a whole optimization: only the best few
+            regions = self._screen(problem, regions, rng)
+            diagnostics["screened_to"] = len(regions)
+        diagnostics["joint"] = joint
         best, solved, timed_out = self._search(problem, regions, scorer, deadline, rng)
         if self.settings.cost_aware and best[1].score <= 0.0:
             diagnostics["cost_aware_fallback"] = True
@@ -287,6 +312,9 @@ class SearchPolicy(Policy):
         deadline: Deadline,
         rng: torch.Generator,
     ) -> tuple[tuple[Region, Solution], int, bool]:
+        joint = self._joint(problem, regions, scorer)
+        if joint is not None:
+            return self._search_joint(problem, regions, joint, deadline, rng)
         best: tuple[Region, Solution] | None = None
         timed_out = False
         solved = 0
@@ -303,6 +331,76 @@ class SearchPolicy(Policy):
                 best = (region, solution)
         assert best is not None
         return best, solved, timed_out
+
+    def _joint(
+        self, problem: Problem, regions: list[Region], scorer: Scorer
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The joint evaluator when the regions can be searched together: more than one, the
+        same set nodes (every soft region), no budget that binds (the box is the region) and the
+        plain acquisition (cost-aware scores divide by a per-region cost)."""
+        if len(regions) < 2 or scorer is not plain_scorer:
+            return None
+        if len({r.set_actions for r in regions}) != 1 or any(r.binding for r in regions):
+            return None
+        return problem.joint_evaluator(regions[0].set_actions)
+
+    def _search_joint(
+        self,
+        problem: Problem,
+        regions: list[Region],
+        evaluate: Callable[[torch.Tensor], torch.Tensor],
+        deadline: Deadline,
+        rng: torch.Generator,
+    ) -> tuple[tuple[Region, Solution], int, bool]:
+        """Every region in one batched search (`policies._optimize.maximize_joint`).
+
+        A region's points are full action vectors whose columns outside its support are held
+        at 0 (a box of width 0), followed by the extra variables; its warm starts, remembered
+        in its own coordinates [F; E], are written into the same space.
+        """
+        settings = self.settings
+        actions = regions[0].num_actions
+        lo_extra, hi_extra = problem.extra_bounds(regions[0])
+        lower, upper, initial = [], [], []
+        for region in regions:
+            columns = region.columns.to(problem.device)
+            low = torch.zeros(actions, dtype=problem.dtype, device=problem.device)
+            high = low.clone()
+            low[columns], high[columns] = region.lower.to(low), region.upper.to(low)
+            lower.append(torch.cat([low, lo_extra]))
+            upper.append(torch.cat([high, hi_extra]))
+            recalled = [m for m in self.recall(region) if isinstance(m, torch.Tensor)]
+            starts = None
+            if recalled:
+                mine = torch.stack([m.to(low) for m in recalled])  # (k, F + E)
+                starts = torch.zeros(len(mine), actions + len(lo_extra)).to(low)
+                starts[:, columns] = mine[:, : region.dim]
+                starts[:, actions:] = mine[:, region.dim :]
+            initial.append(starts)
+        result = maximize_joint(
+            evaluate,
+            torch.stack(lower),
+            torch.stack(upper),
+            restarts=settings.restarts,
+            raw_per_box=max(settings.raw_samples, settings.restarts),
+            maxiter=settings.joint_maxiter,
+            timeout=max(deadline.remaining(), 1e-3),
+            seed=seed_from(rng),
+            initial=initial,
+        )
+        best: tuple[Region, Solution] | None = None
+        for k, region in enumerate(regions):
+            x = result.x[k]
+            values = x[region.columns.to(x.device)]
+            value = float(result.value[k])
+            memory = torch.cat([values, x[actions:]])
+            solution = Solution(values, value, value, result.timed_out, memory)
+            solution.info.update(joint_restarts=result.restarts)
+            self.remember(region, memory)
+            if best is None or solution.score > best[1].score:
+                best = (region, solution)
+        assert best is not None
+        return best, len(regions), result.timed_out
 
     def _screen(
         self, problem: Problem, regions: list[Region], rng: torch.Generator

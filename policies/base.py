@@ -65,6 +65,7 @@ def intervention_cost(spec: ExperimentSpec, intervention: Mapping[str, float]) -
 
     Soft: an action is used when its value is nonzero. Hard: every action in the target set.
     A multi-fidelity experiment (`spec.fidelity`) pays its own model instead: setup + unit · q · τ.
+    A parameter vector (`spec.parameters`) costs its `cost` once per round that sets it.
     """
     if spec.fidelity is not None:
         fidelity = spec.fidelity
@@ -72,6 +73,10 @@ def intervention_cost(spec: ExperimentSpec, intervention: Mapping[str, float]) -
         replications = float(intervention.get(fidelity.replications_action, 0.0))
         return fidelity.cost(tau, replications)
     total = 0.0
+    if spec.parameters is not None and any(
+        name in intervention for name in spec.parameter_vector[:1]
+    ):
+        total += spec.parameters.cost  # θ costs once per round, whatever its values
     for name, value in intervention.items():
         action = spec.action(name)
         used = spec.intervention == "hard" or value != 0.0

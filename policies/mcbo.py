@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -219,6 +220,20 @@ class _MCBOProblem(Problem):
             )
         self.info["candidate_timed_out"] = timed_out
         return torch.maximum(values[:n], values[n:])
+
+    def joint_evaluator(
+        self, set_actions: tuple[str, ...]
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """[a (A); η (E)] -> the optimistic reward, for every region with these `set_actions`:
+        constant η only (network η trains its own nets per region)."""
+        if self.policy.eta_mode(self.model, set_actions) != "constant":
+            return None
+        actions = len(self.model.spec.action_names)
+
+        def evaluate(x: torch.Tensor) -> torch.Tensor:
+            return self.optimistic_reward(x[:, :actions], x[:, actions:], set_actions, self.beta)
+
+        return evaluate
 
     # ------------------------------------------------------------------ solving
     def solve(

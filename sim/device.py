@@ -10,8 +10,13 @@ for every action:
 - a payload that does not decode (or names another experiment) goes to
   ``{prefix}/{experiment}/{device_id}/deadletter`` with the reason code, and the device
   carries on;
+- an action whose lease ``epoch`` (protocol version 3, a fleet replica's) is older than the
+  newest epoch seen for the experiment is dropped: neither applied nor acknowledged (the
+  replica that sent it has lost the experiment to another);
 - an ``action_id`` it has applied before is acknowledged again with the very same ack and not
-  applied again (no new readings), so a re-published action is harmless;
+  applied again (no new readings), so a re-published action is harmless; when it comes with a
+  newer epoch than before (a replica took the experiment over and may have missed them), the
+  readings already published for it are published again, with their seq;
 - an action past its ``expires_at`` (the agent has given up on it and released its budget) is
   not applied: the ack says "rejected" with reason "expired" (an action without one, protocol
   version 1, never expires);
@@ -55,7 +60,16 @@ from connectors.mqtt import (
     MqttConnectionError,
     run_with_reconnect,
 )
-from connectors.schemas import Ack, Action, DeadLetter, DecodeError, MessageModel, decode, encode
+from connectors.schemas import (
+    Ack,
+    Action,
+    DeadLetter,
+    DecodeError,
+    MessageModel,
+    Reading,
+    decode,
+    encode,
+)
 from connectors.signing import MIN_KEY_BYTES, DeviceKeys, SignatureError, sign, unwrap
 from connectors.topics import DEFAULT_PREFIX, Topics, validate_experiment_id, validate_identifier
 from sim._device_plan import Actuator, Noise, Plan, Rejected
@@ -198,6 +212,12 @@ class SimulatorDevice:
         }
         self._link = _Link()
         self._acks: collections.OrderedDict[str, Ack] = collections.OrderedDict()
+        # action id -> (the newest epoch it came with, the readings published for it)
+        self._sent: collections.OrderedDict[str, tuple[int | None, list[Reading]]] = (
+            collections.OrderedDict()
+        )
+        self.epoch_seen: int | None = None  # the newest lease epoch of the experiment's actions
+        self.stale_dropped = 0  # actions dropped for an epoch older than `epoch_seen`
         self._in_flight: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._actuator: Actuator | None = None
@@ -265,17 +285,20 @@ class SimulatorDevice:
             detail = f"action for experiment {action.experiment!r} on {topic!r}"
             self._dead_letter(topic, payload, WRONG_EXPERIMENT, detail)
             return
-        alog = self._log.bind(round=action.round, action_id=action.action_id)
+        alog = self._log.bind(round=action.round, action_id=action.action_id, epoch=action.epoch)
         alog.info(
             "device.action_received",
             attempt=action.attempt,
             kind=action.kind,
             intervention=action.intervention,
         )
+        if self._stale_epoch(action, alog):
+            return
         known = self._acks.get(action.action_id)
         if known is not None:
             alog.info("device.action_duplicate", attempt=action.attempt, status=known.status)
             self._spawn(self._publish("ack", known, alog, "device.ack_published", again=True))
+            self._resend_for_new_owner(action, alog)
             return
         if action.expired(time.time()):
             self._reject(action, EXPIRED_REASON, alog)
@@ -289,9 +312,49 @@ class SimulatorDevice:
             self._reject(action, str(rejected), alog)
             return
         self._remember(plan.ack)
+        self._sent[plan.ack.action_id] = (action.epoch, [])
+        while len(self._sent) > self.settings.remember_actions:
+            self._sent.popitem(last=False)
         task = self._spawn(self._deliver(plan, asyncio.get_running_loop().time(), alog))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
+
+    def _stale_epoch(self, action: Action, alog: Any) -> bool:
+        """Fencing: drop an action whose lease epoch is older than one seen for the experiment
+        (a replica that lost its lease and does not know it yet). Nothing is applied or acked."""
+        if action.epoch is None:
+            return False
+        if self.epoch_seen is not None and action.epoch < self.epoch_seen:
+            self.stale_dropped += 1
+            alog.warning("device.action_stale_epoch", epoch=action.epoch, seen=self.epoch_seen)
+            return True
+        self.epoch_seen = action.epoch
+        return False
+
+    def _resend_for_new_owner(self, action: Action, alog: Any) -> None:
+        """A known action re-published under a newer epoch comes from a replica that took the
+        experiment over and may have missed what was sent to the one before: send the readings
+        already published again (same seq: the agent drops what it has)."""
+        if action.epoch is None:
+            return
+        held = self._sent.get(action.action_id)
+        if held is None or (held[0] is not None and held[0] >= action.epoch):
+            return
+        readings = held[1]
+        self._sent[action.action_id] = (action.epoch, readings)
+        alog.info("device.readings_resent", epoch=action.epoch, readings=len(readings))
+        for reading in list(readings):
+            self._spawn(
+                self._publish(
+                    "reading",
+                    reading,
+                    alog,
+                    "device.reading_published",
+                    again=True,
+                    node=reading.node,
+                    seq=reading.seq,
+                )
+            )
 
     def _apply(self, action: Action) -> Plan:
         assert self._actuator is not None
@@ -341,6 +404,9 @@ class SimulatorDevice:
                 alog.info("device.reading_dropped", node=planned.node, seq=planned.seq)
                 continue
             reading = planned.message(ack.experiment, ack.round, ack.device_id)
+            held = self._sent.get(ack.action_id)
+            if held is not None:
+                held[1].append(reading)
             for copy in range(planned.copies):
                 await self._publish(
                     "reading",

@@ -492,3 +492,61 @@ def test_generated_client_ids_are_stable_once_set() -> None:
     assert config.client_id is not None and config.client_id.startswith("cbo-")
     assert config.with_client_id() is config
     assert BrokerConfig().with_client_id().client_id != config.client_id
+
+
+# ---------------------------------------------------------------------------------------------
+# manual acknowledgement: aiomqtt's private paho client (pinned range, see pyproject.toml)
+
+
+async def test_installed_aiomqtt_keeps_the_paho_client_manual_acks_need() -> None:
+    """Fails loudly when an aiomqtt outside the pinned range moves its private `_client`."""
+    import aiomqtt
+    import paho.mqtt.client as paho
+    from packaging.requirements import Requirement
+
+    from connectors.mqtt import paho_client
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    line = next(x for x in pyproject.splitlines() if x.strip().startswith('"aiomqtt'))
+    assert Requirement(line.strip().strip(",").strip('"')).specifier.contains(aiomqtt.__version__)
+    inner = paho_client(aiomqtt.Client("127.0.0.1"))
+    assert isinstance(inner, paho.Client)
+    assert callable(inner.ack) and callable(inner.manual_ack_set)
+
+
+def test_paho_client_says_which_aiomqtt_lacks_it() -> None:
+    from connectors.mqtt import paho_client
+
+    with pytest.raises(RuntimeError, match="keeps no paho client"):
+        paho_client(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+async def test_a_message_not_acknowledged_is_redelivered_and_an_acknowledged_one_is_not(
+    mosquitto: MosquittoBroker,
+) -> None:
+    """With manual acks and a persistent session, only what was acked is gone after a reconnect."""
+    session = config_for(
+        mosquitto.port,
+        protocol="5",
+        client_id="manual-ack-test",
+        clean_start=False,
+        session_expiry_s=60,
+        manual_ack=True,
+    )
+    topic = topics.reading("exp1", "s1")
+    async with MqttConnection(session) as subscriber:
+        await subscriber.subscribe(topics.device_filter("reading"), qos=1)
+    sent = [reading(0), reading(1)]
+    async with MqttConnection(config_for(mosquitto.port)) as publisher:
+        for message in sent:
+            await publisher.publish_message(topic, message, qos=1)
+    async with MqttConnection(session) as subscriber:
+        incoming = subscriber.messages()
+        first, second = await next_message(incoming), await next_message(incoming)
+        assert subscriber.ack(first)  # the second is received and never acknowledged
+        await asyncio.sleep(0.2)  # the PUBACK leaves before the connection closes
+    async with MqttConnection(session) as subscriber:
+        again = await next_message(subscriber.messages())
+    assert decode(again.payload, Reading) == decode(second.payload, Reading)
+    assert decode(first.payload, Reading) != decode(second.payload, Reading)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +158,9 @@ def test_encoded_payload_is_compact_strict_json_led_by_the_envelope(message: Mes
     document = json.loads(payload, parse_constant=_no_constants)
     assert list(document)[:2] == ["schema", "version"]
     assert document["schema"] == message.SCHEMA
-    # version 1 everywhere, but an action with an expiry is version 2
+    # version 1 everywhere, but an action with an expiry is version 2, with an epoch 3
     expected = 2 if getattr(message, "expires_at", None) is not None else 1
+    expected = 3 if getattr(message, "epoch", None) is not None else expected
     assert document["version"] == expected == message.wire()[0]
     assert payload == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -174,6 +177,8 @@ def test_schema_names_are_the_documented_ones() -> None:
         "cbo.oracle",
         "cbo.status",
         "cbo.deadletter",
+        "cbo.control",
+        "cbo.control_reply",
     }
 
 
@@ -204,11 +209,63 @@ def test_actions_are_read_in_version_1_and_2_and_each_version_has_its_fields() -
     without = {k: v for k, v in document.items() if k != "expires_at"}
     assert reason_of(dumps(without)) == "invalid"  # required in version 2
     assert reason_of(dumps({**document, "expires_at": None})) == "invalid"
-    assert reason_of(dumps({**document, "version": 3})) == "unsupported_version"
+    assert reason_of(dumps({**document, "version": 3})) == "invalid"  # v3 needs an epoch
+    assert reason_of(dumps({**document, "version": 4})) == "invalid"  # v4 carries vectors
+    assert reason_of(dumps({**document, "version": 5})) == "unsupported_version"
     reading = Reading(experiment="e", round=0, node="Y", value=1.0, seq=0, device_id="d", at=0.0)
     assert reason_of(dumps({**document_of(reading), "version": 4})) == "unsupported_version"
     # version 3 is an array reading: a scalar value there is invalid
     assert reason_of(dumps({**document_of(reading), "version": 3})) == "invalid"
+
+
+def test_an_action_of_a_fleet_replica_carries_its_lease_epoch_in_version_3() -> None:
+    action = Action.issue("exp", 3, {"x": 1.0}, at=100.0, expires_at=140.0).with_epoch(7)
+    document = document_of(action)
+    assert (document["version"], document["epoch"]) == (3, 7)
+    assert decode(encode(action), Action) == action
+    v2 = {k: v for k, v in document.items() if k != "epoch"} | {"version": 2}
+    assert decode(dumps(v2), Action).epoch is None  # a single agent's action: no epoch
+    assert reason_of(dumps({**v2, "epoch": 7})) == "invalid"  # not a field of version 2
+    assert reason_of(dumps({**document, "epoch": -1})) == "invalid"
+    no_expiry = {k: v for k, v in document.items() if k != "expires_at"}
+    assert reason_of(dumps(no_expiry)) == "invalid"  # an epoch goes with an expiry
+
+
+def test_a_parameter_vector_travels_packed_in_version_4_and_reads_back_exactly() -> None:
+    theta = {f"theta.{i}": (-1.0) ** i * i / 7.0 for i in range(300)}
+    action = Action.issue(
+        "exp", 3, {"x": 0.5, **theta}, "soft", at=100.0, expires_at=140.0, vectors=("theta",)
+    )
+    document = document_of(action)
+    assert document["version"] == 4 and document["intervention"] == {"x": 0.5}
+    assert "epoch" not in document  # a single agent's action
+    fenced = document_of(action.with_epoch(5))
+    assert (fenced["version"], fenced["epoch"]) == (4, 5)
+    assert decode(encode(action.with_epoch(5)), Action) == action.with_epoch(5)
+    packed = document["vectors"]["theta"]
+    assert (packed["dtype"], packed["shape"]) == ("float64", [300])
+    assert base64.b64decode(packed["data"]) == struct.pack("<300d", *theta.values())
+    assert decode(encode(action), Action) == action  # every coordinate, bit for bit
+    assert len(encode(action)) < len(encode(action.model_copy(update={"vectors": ()}))) / 2
+    single = {
+        **packed,
+        "dtype": "float32",
+        "data": base64.b64encode(struct.pack("<300f", *theta.values())).decode(),
+    }
+    read = decode(dumps({**document, "vectors": {"theta": single}}), Action)
+    assert read.intervention["theta.1"] == struct.unpack("<f", struct.pack("<f", -1 / 7))[0]
+    for bad in (
+        {**packed, "shape": [299]},  # data of 300
+        {**packed, "dtype": "int8"},
+        {**packed, "data": "not base64!"},
+        {**packed, "data": base64.b64encode(struct.pack("<1d", math.inf)).decode(), "shape": [1]},
+        {"dtype": "float64", "shape": [300]},
+    ):
+        assert reason_of(dumps({**document, "vectors": {"theta": bad}})) == "invalid"
+    clash = {**document, "intervention": {"theta.0": 1.0}}
+    assert reason_of(dumps(clash)) == "invalid"  # a coordinate twice
+    assert reason_of(dumps({**document, "version": 2})) == "invalid"  # vectors need version 4
+    assert reason_of(dumps({**document, "version": 3, "epoch": 1})) == "invalid"
 
 
 def test_issued_actions_get_distinct_ids() -> None:

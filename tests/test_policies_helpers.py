@@ -26,6 +26,7 @@ FAST: dict[str, dict[str, Any]] = {
     },
     "eifn": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "max_seconds": 5.0},
     "gpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
+    "eicbo": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "mc_samples": 8, "max_seconds": 5.0},
     "dgpucb": {"restarts": 2, "raw_samples": 16, "maxiter": 15, "max_seconds": 5.0},
     "random": {},
     # paper 002's composite policies (array specs) and the scalar-metric EI baseline
@@ -36,6 +37,10 @@ FAST: dict[str, dict[str, Any]] = {
     "besd": {"grid_size": 40, "alternatives": 16, "restarts": 0},
     "ei": {"grid_size": 40, "restarts": 0},
     "lcb": {"grid_size": 40, "restarts": 0},
+    # paper 000's policies (parameter-vector specs only)
+    "hagpucb": {"candidates": 32, "sweeps": 1},
+    "addgpucb": {"candidates": 32, "sweeps": 1},
+    "cmaes": {},
 }
 POLICIES = ("mcbo", "eifn", "gpucb")  # the acquisition policies that take any reward
 

@@ -14,7 +14,7 @@ from agent.config import _ENVIRONMENT, AgentConfig
 from agent.demo import DemoOptions, array_environments, decomposed_environments, demo_spec
 from agent.validate import check_policy
 from policies.registry import policy_names
-from sim.registry import environment_names
+from sim.registry import environment_names, make_environment
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CONFIG_HEADER = "| setting | variable | flag |"
@@ -107,33 +107,38 @@ def demo_paragraph() -> str:
 def test_readme_lists_the_demo_policies_that_work():
     paragraph = demo_paragraph()
     anywhere = re.search(r"`--policy ([a-z|]+)` \(any environment\)", paragraph)
-    scalar_only = re.search(r"`--policy ([a-z|]+)` \(any environment but `([a-z-]+)`", paragraph)
-    composite = re.search(
-        r"`--policy ([a-z|]+)` only with `--env\s+([a-z|-]+)` \(paper 002", paragraph
-    )
-    assert scalar_only and composite, paragraph
-    assert [scalar_only.group(2)] == array_environments() == composite.group(2).split("|")
     decomposed = re.search(r"`--policy (\w+)` only with `--env ([a-z|-]+)`", paragraph)
     assert anywhere and decomposed, paragraph
     general = anywhere.group(1).split("|")
     fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
     assert fidelity, paragraph
     multi = fidelity.group(1).split("|")
+    vector = re.search(
+        r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|-]+)` \(paper 000", paragraph
+    )
+    assert vector, paragraph
+    vector_policies = vector.group(1).split("|")
+    hard = re.search(r"`--policy (\w+)` \(hard interventions only: `--env ([a-z|]+)`", paragraph)
+    assert hard, paragraph
+    scalar_only = re.search(r"`--policy ([a-z|]+)` \(any environment but `([a-z-]+)`", paragraph)
+    composite = re.search(
+        r"`--policy ([a-z|]+)` only with `--env\s+([a-z|-]+)` \(paper 002", paragraph
+    )
+    assert scalar_only and composite, paragraph
+    assert [scalar_only.group(2)] == array_environments() == composite.group(2).split("|")
     scalar = scalar_only.group(1).split("|")
     composites = composite.group(1).split("|")
-    named = [*general, *scalar, *composites, *multi, decomposed.group(1)]
-    assert sorted(named) == sorted(policy_names())
-    for env in array_environments():
-        for policy in [*general, *composites]:
-            candidate = demo_spec(DemoOptions(env=env, policy=policy))
-            assert check_policy(candidate) == [], (env, policy)
-        for policy in scalar:
-            assert check_policy(demo_spec(DemoOptions(env=env, policy=policy))), (env, policy)
-    for env in environment_names():
-        if env in array_environments():
-            continue
+    named = [*general, *scalar, *composites, *multi, *vector_policies]
+    assert sorted([*named, decomposed.group(1), hard.group(1)]) == sorted(policy_names())
+    hard_envs = hard.group(2).split("|")
+    assert sorted(hard_envs) == sorted(
+        env for env in environment_names() if make_environment(env, 0).intervention_type == "hard"
+    )
+    for env in hard_envs:
+        assert check_policy(demo_spec(DemoOptions(env=env, policy=hard.group(1)))) == []
+    for env in vector.group(2).split("|"):
         spec = demo_spec(DemoOptions(env=env))
-        for policy in scalar:
+        for policy in vector_policies:
             candidate = spec.model_copy(
                 update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
             )
@@ -145,9 +150,16 @@ def test_readme_lists_the_demo_policies_that_work():
                 update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
             )
             assert check_policy(candidate) == [], (env, policy)
+    for env in array_environments():
+        for policy in [*general, *composites]:
+            candidate = demo_spec(DemoOptions(env=env, policy=policy))
+            assert check_policy(candidate) == [], (env, policy)
+        for policy in scalar:
+            assert check_policy(demo_spec(DemoOptions(env=env, policy=policy))), (env, policy)
     for env in environment_names():
         spec = demo_spec(DemoOptions(env=env))
-        for policy in general:
+        usable = general if env in array_environments() else [*general, *scalar]
+        for policy in usable:
             candidate = spec.model_copy(
                 update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
             )

@@ -243,6 +243,45 @@ async def test_a_repeated_action_id_is_acked_again_but_applied_once(
 
 
 @pytest.mark.integration
+async def test_fencing_an_older_epoch_is_dropped_and_a_new_owner_gets_the_readings_again(
+    mosquitto: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = ToyGraph()
+    steps = count_steps(env, monkeypatch)
+    expires = time.time() + 60.0
+    first = Action.issue(EXPERIMENT, 0, {"do_X1": 2.0}, expires_at=expires).with_epoch(4)
+    stale = Action.issue(EXPERIMENT, 1, {"do_X1": 1.0}, expires_at=expires).with_epoch(3)
+    with capture_logs() as events:
+        async with (
+            observing(mosquitto.port) as observer,
+            running(env, mosquitto.port, settings()) as device,
+        ):
+            await observer.publish(first)
+            await observer.wait_for(readings_done(observer, env, 0))
+            await observer.publish(stale)  # a replica that lost the lease, still acting
+            await observer.publish(first.next_attempt())  # same epoch: acked, nothing resent
+            await observer.wait_for(lambda: len(observer.of("ack", 0)) == 2)
+            await observer.publish(first.next_attempt().with_epoch(5))  # the new owner
+            await observer.wait_for(
+                lambda: len(observer.of("reading", 0)) == 2 * len(env.node_names)
+            )
+            await observer.publish(first.next_attempt().with_epoch(5))  # told once per epoch
+            await observer.wait_for(lambda: len(observer.of("ack", 0)) == 4)
+            fence = Action.issue(EXPERIMENT, 2, {}, expires_at=expires).with_epoch(5)
+            await observer.publish(fence)
+            await observer.wait_for(readings_done(observer, env, 2))
+            assert (device.epoch_seen, device.stale_dropped) == (5, 1)
+
+    assert observer.of("ack", 1) == [] and observer.of("reading", 1) == []  # never applied
+    assert steps[0] == 2  # round 0 once, the fence once
+    readings = observer.of("reading", 0)
+    half = len(env.node_names)
+    assert readings[:half] == readings[half:]  # the same readings, the same seq
+    assert len(readings) == 2 * half
+    assert [e["event"] for e in events].count("device.action_stale_epoch") == 1
+
+
+@pytest.mark.integration
 async def test_an_expired_action_is_refused_and_one_applied_in_time_is_acked_again(
     mosquitto: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -489,6 +489,9 @@ def test_node_bounds_are_representative(name):
     ranges = sampled_ranges(env, interventions=1000, per_intervention=10, seed=1)
     for node in env.nodes:
         low, high = node.bounds
+        if name == "toygraph" and node.name == "X1":  # scaled by its do-domain (issue 19)
+            assert node.bounds == env.action("do_X1").bounds
+            continue
         found_low, found_high = ranges[node.name]
         span = high - low
         assert low - 0.25 * span <= found_low and found_high <= high + 0.25 * span, node.name

@@ -110,7 +110,10 @@ def test_a_minimal_spec_gets_defaults():
             lambda s: s.update(schedule={"pipeline": 0}),
             "schedule.pipeline: must be at least 1, got 0",
         ),
-        (lambda s: s.update(actions=[]), "actions: needs at least 1 item, got 0"),
+        (
+            lambda s: s.update(actions=[]),
+            "actions: declare at least one action (or a `parameters` vector)",
+        ),
         (lambda s: s.pop("reward"), "reward: required, but missing"),
         (
             lambda s: (

@@ -19,6 +19,7 @@ import torch
 
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, load_spec
+from core.structure import structure_scores
 from policies.base import Constraints, NothingAffordable
 from policies.random_search import RandomPolicy
 from policies.registry import make_policy
@@ -166,13 +167,13 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
         return
     for t in range(1, config.rounds + 1):
         constraints = Constraints.from_spec(spec, spent)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             proposal = policy.propose(model, constraints, rng)
         except NothingAffordable as reason:
             payload.update(status="stopped", stop_reason=f"round {t}: {reason}")
             return
-        decided = time.perf_counter()
+        decided, cpu_decided = time.perf_counter(), time.process_time()
         intervention = proposal.intervention
         readings = env.step(intervention, noise)
         learn_start = time.perf_counter()
@@ -188,6 +189,7 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             regret=optimum.value - record["expected_reward"],
             acquisition_value=proposal.acquisition_value,
             decision_seconds=decided - start,
+            decision_cpu_seconds=cpu_decided - cpu_start,  # all the process's threads
             update_seconds=learned - learn_start,
             diagnostics=proposal.diagnostics,
         )
@@ -196,6 +198,26 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             record["violations"] = problems
         payload["history"].append(record)
     payload["status"] = "ok"
+    structure = structure_outcome(env, payload["history"])
+    if structure is not None:
+        payload["structure"] = structure
+
+
+def structure_outcome(
+    env: Environment, history: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """Precision, recall and F1 of the last dependency graph a policy reported (diagnostics
+    `edges`) against the environment's true one (`dependency_edges`); None when either is
+    missing (an environment without a known structure, a policy that learns none)."""
+    truth = getattr(env, "dependency_edges", None)
+    found = next(
+        (r["diagnostics"]["edges"] for r in reversed(history) if "edges" in r["diagnostics"]),
+        None,
+    )
+    if truth is None or found is None:
+        return None
+    scores = structure_scores(truth, found)
+    return {**scores, "edges_found": len(found), "edges_true": len(truth)}
 
 
 def spec_for(env: Environment, spec: ExperimentSpec) -> ExperimentSpec:

@@ -347,6 +347,16 @@ class Store:
                 ledger_table.totals(conn, name).spent,
             )
 
+    def experiment_state(self, name: str) -> ExperimentState:
+        """The experiment's desired state (running, paused, stopped): one indexed read, cheap
+        enough to check before every publication.
+
+        Raises:
+            StoreError: unknown experiment.
+        """
+        with self._reading("experiment_state") as conn:
+            return experiment_table.state_of(conn, name)
+
     def pause(self, name: str, at: float | None = None) -> bool:
         """No new round of the experiment gets budget until `resume`; rounds in flight go on
         and late feedback is still stored. False if it is paused already.

@@ -1,13 +1,14 @@
 #!/bin/sh
 # Write Mosquitto's password file for the users of the ACL from the environment, hashed by
-# mosquitto_passwd: the agent, the monitor, and the devices, each under its own device id (the
+# mosquitto_passwd: the agent, the monitor, the operator (the fleet's control plane), and the devices, each under its own device id (the
 # ACL's %u patterns let a device publish only as itself). Run by the compose stack's
 # mosquitto-init service (so no password, not even a hash, lives in the repository) and by the
 # tests.
 #
 # usage: make-passwd.sh FILE
 # environment:
-#   MQTT_AGENT_PASSWORD, MQTT_MONITOR_PASSWORD    (required)
+#   MQTT_AGENT_PASSWORD, MQTT_MONITOR_PASSWORD,   (required)
+#   MQTT_OPERATOR_PASSWORD                        (required) the control plane's login
 #   MQTT_DEVICE_USER, MQTT_DEVICE_PASSWORD        (required) one device: its id and password
 #   MQTT_DEVICES_FILE                             (optional) more devices, one "ID PASSWORD"
 #                                                 per line ('#' starts a comment)
@@ -16,6 +17,7 @@ set -eu
 file="${1:?usage: make-passwd.sh FILE}"
 : "${MQTT_AGENT_PASSWORD:?set MQTT_AGENT_PASSWORD}"
 : "${MQTT_MONITOR_PASSWORD:?set MQTT_MONITOR_PASSWORD}"
+: "${MQTT_OPERATOR_PASSWORD:?set MQTT_OPERATOR_PASSWORD}"
 : "${MQTT_DEVICE_USER:?set MQTT_DEVICE_USER (the device id)}"
 : "${MQTT_DEVICE_PASSWORD:?set MQTT_DEVICE_PASSWORD}"
 
@@ -23,7 +25,7 @@ file="${1:?usage: make-passwd.sh FILE}"
 # ACL's patterns apply to every user.
 check_device() {
   case "$1" in
-    agent|monitor) echo "make-passwd.sh: device id '$1' is the name of another user" >&2; exit 2 ;;
+    agent|monitor|operator) echo "make-passwd.sh: device id '$1' is the name of another user" >&2; exit 2 ;;
   esac
   if ! printf '%s' "$1" | grep -Eq '^[A-Za-z0-9_.-]{1,64}$'; then
     echo "make-passwd.sh: device id '$1' is not 1 to 64 of [A-Za-z0-9_.-]" >&2
@@ -36,6 +38,7 @@ tmp="$file.tmp"
 : > "$tmp"
 mosquitto_passwd -b "$tmp" agent "$MQTT_AGENT_PASSWORD"
 mosquitto_passwd -b "$tmp" monitor "$MQTT_MONITOR_PASSWORD"
+mosquitto_passwd -b "$tmp" operator "$MQTT_OPERATOR_PASSWORD"
 check_device "$MQTT_DEVICE_USER"
 mosquitto_passwd -b "$tmp" "$MQTT_DEVICE_USER" "$MQTT_DEVICE_PASSWORD"
 devices="$MQTT_DEVICE_USER"
@@ -56,4 +59,4 @@ if [ -n "${MQTT_PASSWD_OWNER:-}" ]; then
   chown "$MQTT_PASSWD_OWNER" "$tmp"
 fi
 mv "$tmp" "$file"
-echo "wrote $file: agent, monitor, devices $devices"
+echo "wrote $file: agent, monitor, operator, devices $devices"

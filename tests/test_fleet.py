@@ -1,0 +1,199 @@
+"""A fleet of `cbo-agent serve` replicas on one PostgreSQL and a real Mosquitto (loopback, every
+wait bounded): failover after kill -9, a SIGSTOPped replica fenced, the control plane on a
+running fleet. The rig and its audit are `bench.fleet`'s (store + the devices' own logs):
+rounds numbered once, every applied round applied under one action id, every published
+reading stored, no budget overspent, epochs applied in order.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.cli import main
+from agent.control import submit
+from bench.fleet import FleetRig
+from bench.harness.procs import JsonLog, wait_until
+from core.spec import parse_spec
+from tests.brokers import find_mosquitto
+from tests.stores import postgres_unavailable, scratch_database
+
+TTL_S = 3.0
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    reason = postgres_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    if find_mosquitto() is None:
+        pytest.skip("mosquitto is not installed")
+    with scratch_database() as url:
+        yield url
+
+
+def _failover(rig: FleetRig, kills: int, seed: int) -> list[float]:
+    """Kill -9 a random replica `kills` times at random moments (restarting it under the same
+    id after its experiments moved); seconds until each of its experiments was held again."""
+    rng = random.Random(seed)
+    took: list[float] = []
+    for _ in range(kills):
+        time.sleep(rng.uniform(0.5, 2.5))
+        victim = rng.choice(sorted(rig.replicas))
+        took += rig.failover(victim, TTL_S + 15)
+        rig.start_replica(victim)
+    return took
+
+
+def _check(rig: FleetRig, took: list[float]) -> None:
+    audit = rig.audit()
+    assert audit.problems == []
+    assert 0 < audit.rounds <= len(rig.names) * rig.rounds  # a round limit, or the budget
+    assert audit.readings_published == audit.readings_stored > 0
+    assert took, "the victim held no experiment"
+    assert max(took) <= TTL_S + 5, f"failover times {sorted(took)}"
+
+
+def test_failover_three_replicas_no_reading_lost_nothing_twice(pg_url: str, tmp_path: Path) -> None:
+    with FleetRig(
+        tmp_path, pg_url, experiments=6, replicas=3, lease_ttl_s=TTL_S, rounds=8,
+        budget_total=5.0, capacity=4,
+    ) as rig:  # fmt: skip
+        rig.start_replicas()
+        rig.start_devices()
+        rig.submit_all()
+        rig.wait_owned(60)
+        took = _failover(rig, kills=1, seed=1)
+        rig.wait_all_finished(120)
+        _check(rig, took)
+
+
+@pytest.mark.slow
+def test_failover_thirty_experiments_killed_three_times(pg_url: str, tmp_path: Path) -> None:
+    with FleetRig(
+        tmp_path, pg_url, experiments=30, replicas=3, lease_ttl_s=TTL_S, rounds=25,
+        budget_total=15.0, capacity=15,
+    ) as rig:  # fmt: skip
+        rig.start_replicas()
+        rig.start_devices()
+        rig.submit_all()
+        rig.wait_owned(120)
+        took = _failover(rig, kills=3, seed=7)
+        rig.wait_all_finished(300)
+        _check(rig, took)
+
+
+@pytest.mark.slow  # about 50 s: three processes importing torch, a TTL waited out
+def test_a_sigstopped_replica_past_its_ttl_cannot_write_or_actuate(
+    pg_url: str, tmp_path: Path
+) -> None:
+    with FleetRig(
+        tmp_path, pg_url, experiments=2, replicas=1, lease_ttl_s=TTL_S, rounds=10_000
+    ) as rig:
+        frozen = rig.start_replica("replica-0")
+        rig.start_devices()
+        rig.submit_all()
+        rig.wait_owned(60)
+        wait_until("rounds", lambda: rig.rounds_started() >= 4, 30)
+        epochs = {r.name: r.epoch for r in rig.store.experiments()}
+        frozen.pause()
+        paused_at = time.monotonic()
+        other = rig.start_replica("replica-1")
+        wait_until(
+            "replica-1 owns both",
+            lambda: set(rig.owners().values()) == {"replica-1"},
+            TTL_S + 10,
+        )
+        assert time.monotonic() - paused_at > TTL_S
+        rounds_before = rig.rounds_started()
+        frozen.resume()
+        for name in rig.names:
+            frozen.log.wait_for("fleet.dropped", 10, experiment=name, epoch=epochs[name])
+        wait_until("rounds go on", lambda: rig.rounds_started() > rounds_before + 4, 30)
+        ending = time.time() - 1.0  # what was published before this has an owner to store it
+        frozen.stop()  # first: it would take the experiments back from a stopped replica-1
+        other.stop()
+        problems = rig.audit(ending).problems  # epochs in order, nothing twice, nothing lost
+
+    dropped = {
+        e["experiment"]: e["why"] for e in frozen.log.named("fleet.dropped") if e["epoch"] == 1
+    }
+    # lease_expired: its own clock said so first; lease_lost: the store refused a write or the
+    # renewal; store_error: the server had closed its connection, idle in a transaction
+    assert set(dropped.values()) <= {"lease_expired", "lease_lost", "store_error"}, dropped
+    taken = {e["experiment"]: _unix(e) for e in other.log.named("fleet.taken")}
+    # A write the frozen replica had under way may commit before the new owner's acquisition
+    # (the store orders them); none commits after it.
+    late_writes = [
+        e
+        for e in frozen.log.events
+        if e["event"] in ("round.proposed", "round.published")
+        and e.get("epoch") == epochs[e["experiment"]]
+        and _unix(e) > taken[e["experiment"]]
+    ]
+    assert late_writes == []
+    devices = JsonLog(rig.devices.log.path)
+    applied = [
+        e
+        for e in devices.named("device.ack_published", status="applied")
+        if _unix(e) > max(taken.values())
+    ]
+    assert applied and all(e["epoch"] > epochs[e["experiment"]] for e in applied)
+    assert problems == []
+
+
+@pytest.mark.slow  # about 50 s (tests/test_control_cli.py is the fast, store-level one)
+def test_control_plane_on_a_running_fleet(pg_url: str, tmp_path: Path) -> None:
+    with FleetRig(
+        tmp_path, pg_url, experiments=3, replicas=2, lease_ttl_s=TTL_S, rounds=10_000
+    ) as rig:
+        rig.start_replicas()
+        rig.start_devices()
+        rig.submit_all()
+        rig.wait_owned(60)
+        paused, stopped, running = rig.names
+        store = ("--store", pg_url)
+
+        def count(name: str) -> int:
+            return len(rig.store.rounds(name))
+
+        wait_until("rounds", lambda: min(count(n) for n in rig.names) >= 3, 30)
+        assert main(["pause", paused, *store]) == 0
+        time.sleep(TTL_S)  # a heartbeat has told the owner; rounds in flight finish
+        held = count(paused)
+        time.sleep(TTL_S)
+        assert count(paused) == held  # no new round while paused
+        assert rig.owners()[paused] is not None  # still owned: late feedback is stored
+        assert main(["resume", paused, *store]) == 0
+        wait_until("resumed", lambda: count(paused) > held + 2, 20)
+
+        assert main(["stop", stopped, *store]) == 0
+        stopped_at = time.time()
+        wait_until("released", lambda: rig.owners()[stopped] is None, 10)
+        final = count(stopped)
+        before = count(running)
+        time.sleep(TTL_S)
+        assert count(stopped) == final
+        assert count(running) > before  # the others go on
+
+        submit(rig.store, [parse_spec(rig.spec("fleet-late"), "fleet-late")])  # a new one
+        wait_until("taken", lambda: rig.owners().get("fleet-late") is not None, 10)
+
+    devices = JsonLog(rig.devices.log.path)
+    late = [
+        e
+        for e in devices.named("device.action_received", experiment=stopped)
+        if _unix(e) > stopped_at + 0.2
+    ]
+    assert late == []  # a stopped experiment is never actuated again
+
+
+def _unix(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
