@@ -30,7 +30,7 @@ import structlog
 from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
-from agent.refits import BackgroundRefits
+from agent.refits import BackgroundRefits, FitWorker
 from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
@@ -214,6 +214,7 @@ class AgentService:
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
         self.refits: dict[str, BackgroundRefits] = {}
+        self._fit_worker = FitWorker()
         self._inbox_bytes: collections.Counter[str] = collections.Counter()
         self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
             maxsize=DEAD_LETTERS_QUEUED
@@ -249,9 +250,12 @@ class AgentService:
         )
         try:
             self._load(store)
+            if self.refits:
+                self._fit_worker.warm()
             await self._serve()
         finally:
             server.close()
+            self._fit_worker.close()
             if own_store:
                 store.close()
             log.info("agent.stopped", agent_id=self.config.agent_id)
@@ -274,6 +278,7 @@ class AgentService:
                 self.refits[spec.name] = BackgroundRefits(
                     self.experiments[spec.name],
                     lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                    self._fit_worker,
                 )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)

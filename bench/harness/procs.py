@@ -433,8 +433,8 @@ class Cluster:
 
 
 def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
-    """Mosquitto's password file for the agent, the monitor and `devices` (each its own login,
-    its device id), by the deployment's own script; returns user -> password."""
+    """Mosquitto's password file for the agent, the monitor, the operator and `devices` (each
+    its own login, its device id), by the deployment's own script; returns user -> password."""
     devices = list(devices)
     users = ("agent", "monitor", "operator", *devices)
     passwords = {user: secrets.token_urlsafe(12) for user in users}
