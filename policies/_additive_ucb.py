@@ -21,7 +21,6 @@ observed point.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -230,8 +229,3 @@ def _colour_classes(groups: Sequence[Sequence[int]]) -> list[list[int]]:
     for node, colour in colours.items():
         classes.setdefault(colour, []).append(node)
     return [sorted(members) for _, members in sorted(classes.items())]
-
-
-def best_observed(model: NetworkModel) -> float:
-    rewards = model.observed_rewards
-    return max(rewards) if rewards else -math.inf

@@ -57,6 +57,7 @@ class AdditiveER(Environment):
         )
         self._features = [self._draw(len(group), rng) for group in self.groups]
         self._stack_features()
+        spread = round(3.0 * math.sqrt(len(self.groups)), 1)  # 3 prior std of the sum
         super().__init__(
             name=f"additive-er-{dim}",
             intervention_type="soft",
@@ -65,7 +66,7 @@ class AdditiveER(Environment):
                     "R",
                     (),
                     NOISE_STD,
-                    (-3.0 * math.sqrt(len(self.groups)), 3.0 * math.sqrt(len(self.groups))),
+                    (-spread, spread),
                 ),
             ),
             actions=tuple(

@@ -17,6 +17,7 @@ from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
 from sim.mc import MC
+from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
 from sim.rosenbrock import Rosenbrock
 from sim.sir import AgeStructuredSIR
@@ -49,6 +50,10 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "mc": lambda seed: MC.create(seed),
     # paper 000's synthetic additive functions: the graph per D, the functions per seed
     **{f"additive-er-{d}": functools.partial(AdditiveER, d) for d in DIMENSIONS},
+    # paper 000's predator–prey (mpe2's simple_tag): θ is the predators' controller; a seed
+    # changes only the episodes' start positions, which the device's noise stream draws
+    "mpe-tag": lambda seed: MPETag(heterogeneous=False),
+    "mpe-tag-het": lambda seed: MPETag(heterogeneous=True),
 }
 
 

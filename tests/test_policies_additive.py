@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.network import NetworkModel
@@ -97,6 +98,7 @@ def test_hagpucb_asks_again_for_a_stencil_point_whose_round_got_no_reward():
     assert again.intervention == first.intervention and again.diagnostics["phase"] == 1
 
 
+@pytest.mark.slow  # statistical: 60 rounds, ten generations
 def test_cmaes_plays_whole_generations_and_improves():
     policy, played = _play("cmaes", {"popsize": 6}, 60)
     generations = [p.diagnostics["generation"] for p, _ in played]

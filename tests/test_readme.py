@@ -113,15 +113,29 @@ def test_readme_lists_the_demo_policies_that_work():
     fidelity = re.search(r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|]+)` \(paper", paragraph)
     assert fidelity, paragraph
     multi = fidelity.group(1).split("|")
+    vector = re.search(
+        r"`--policy ([a-z|]+)` only with `--env ([a-z0-9|-]+)` \(paper 000", paragraph
+    )
+    assert vector, paragraph
+    vector_policies = vector.group(1).split("|")
     hard = re.search(r"`--policy (\w+)` \(hard interventions only: `--env ([a-z|]+)`", paragraph)
     assert hard, paragraph
-    assert sorted([*general, *multi, decomposed.group(1), hard.group(1)]) == sorted(policy_names())
+    assert sorted(
+        [*general, *multi, *vector_policies, decomposed.group(1), hard.group(1)]
+    ) == sorted(policy_names())
     hard_envs = hard.group(2).split("|")
     assert sorted(hard_envs) == sorted(
         env for env in environment_names() if make_environment(env, 0).intervention_type == "hard"
     )
     for env in hard_envs:
         assert check_policy(demo_spec(DemoOptions(env=env, policy=hard.group(1)))) == []
+    for env in vector.group(2).split("|"):
+        spec = demo_spec(DemoOptions(env=env))
+        for policy in vector_policies:
+            candidate = spec.model_copy(
+                update={"policy": spec.policy.model_copy(update={"name": policy, "settings": {}})}
+            )
+            assert check_policy(candidate) == [], (env, policy)
     for env in fidelity.group(2).split("|"):
         spec = demo_spec(DemoOptions(env=env))
         for policy in multi:

@@ -301,13 +301,12 @@ class AdditiveGP:
         self._v = torch.linalg.solve_triangular(factor, y_std.unsqueeze(-1), upper=False)[:, 0]
         self._w = None
 
-    def fit(self, *, restarts: int = 0) -> bool:
+    def fit(self) -> bool:
         """Refit the hyperparameters (type-II MAP, `_fit`), then refactor once.
 
         Returns:
             whether the optimizer reported convergence.
         """
-        del restarts
         self._since_refit = 0
         self._restandardize()
         if self.n >= self.min_fit_points:

@@ -1,0 +1,71 @@
+"""Paper 000's environments step through their real packages: mpe2's simple_tag, and the
+additive functions on an Erdős–Rényi graph whose structure is known."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from core.spec import load_spec
+from sim.additive_er import AdditiveER
+from sim.mpe_tag import HETEROGENEOUS, MPETag, blocks, mlp_actions, parameter_count
+from tests.test_policies_properties import EXAMPLES
+
+
+def test_mpe_tag_plays_simple_tag_episodes_through_mpe2():
+    env = MPETag()
+    assert env.dim == parameter_count() == 181
+    assert type(env._env.unwrapped).__module__.startswith("mpe2.")
+    theta = np.random.default_rng(0).uniform(-1, 1, env.dim)
+    returns = [env.episode(theta, seed) for seed in range(6)]
+    assert all(r >= 0 and r % 10 == 0 for r in returns)  # MPE pays +10 per contact
+    assert env.episode(theta, 3) == returns[3]  # a seed fixes the episode
+    # the oracle averages fixed seeds: deterministic
+    values = {f"theta.{i}": float(v) for i, v in enumerate(theta)}
+    assert env.expected_reward(values) == env.expected_reward(values)
+    reading = env.step(values, torch.Generator().manual_seed(0))
+    assert set(reading) == {"R"} and reading["R"] % 10 == 0
+
+
+def test_mpe_tag_het_gives_the_predators_their_own_speeds():
+    env = MPETag(heterogeneous=True)
+    env.episode(np.zeros(env.dim), 0)
+    predators = [a for a in env._env.unwrapped.world.agents if a.adversary]
+    assert [(a.max_speed, a.accel) for a in predators] == list(HETEROGENEOUS)
+
+
+def test_mlp_layout_matches_the_blocks():
+    theta = np.zeros(parameter_count())
+    _, stop = blocks()["out_2"]
+    theta[stop - 1] = 5.0  # out_2's bias
+    actions = mlp_actions(theta, np.zeros((3, 16)))
+    assert actions.shape == (3, 5)
+    assert np.allclose(actions[:, 2], 1 / (1 + np.exp(-5.0))) and np.allclose(actions[:, 0], 0.5)
+    spans = sorted(blocks().values())
+    assert spans[0][0] == 0 and spans[-1][1] == parameter_count()
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_additive_er_is_additive_over_its_cliques_with_the_known_edges():
+    env = AdditiveER(20, seed=3)
+    assert {c for g in env.groups for c in g} == set(range(20))
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(20, dtype=torch.float64, generator=g)
+    for a, b in [(0, 1), (2, 5), (3, 15)]:
+        h = 0.3
+        ea, eb = torch.zeros(20, dtype=torch.float64), torch.zeros(20, dtype=torch.float64)
+        ea[a], eb[b] = h, h
+        mixed = env.value(x + ea + eb) - env.value(x + ea) - env.value(x + eb) + env.value(x)
+        edge = (a, b) in env.dependency_edges
+        assert (abs(float(mixed)) > 1e-9) == edge
+    assert AdditiveER(20, seed=4).dependency_edges == env.dependency_edges  # graph per D
+
+
+@pytest.mark.parametrize("name", ["mpe-tag", "mpe-tag-het", "additive-er-20", "additive-er-50"])
+def test_paper000_specs_declare_the_simulators_parameters(name):
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    assert spec.parameters is not None
+    assert spec.action_names == spec.parameter_vector
