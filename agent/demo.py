@@ -321,7 +321,10 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
         external = dataclasses.replace(external, password=options.broker_password)
     if external is not None:
         await _check_reachable(external)
-    options.out.mkdir(parents=True, exist_ok=True)
+    try:
+        options.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DemoError(f"--out {options.out}: {error.strerror or error}") from None
     store_path = options.out / "demo.sqlite"
     for suffix in ("", "-wal", "-shm"):  # a demo starts afresh every time
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)

@@ -61,6 +61,8 @@ from core.spec import parse_spec
 
 log = structlog.get_logger(__name__)
 
+# On takeover, the last rounds whose feedback may have gone to the old owner are asked again.
+RESEND_RECENT_ROUNDS = 10
 QUARANTINE_S = 60.0  # an experiment that failed to load or crashed is not taken again sooner
 
 
@@ -243,7 +245,8 @@ class FleetService(AgentService):
             started = time.monotonic()
             try:
                 await self._claim(store)
-            except StoreError as error:
+            except StoreError as error:  # a replica holding nothing learns of the store here
+                self.readiness.set("leases", False, f"store: {error}")
                 log.warning("fleet.claim_failed", error=str(error))
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
@@ -274,19 +277,22 @@ class FleetService(AgentService):
     def _renew_all(
         self, store: Store, held: dict[str, int]
     ) -> dict[str, Lease | StoreError | None]:
-        """Renew each lease (worker thread); after a failure that is not fencing (the store
-        is unreachable), the rest are not tried (None): each would wait its timeout."""
+        """Renew each lease (worker thread), all in one transaction: one commit (one fsync on
+        SQLite) per heartbeat, however many experiments. A lease lost (`FencedError`) writes
+        nothing and the others go on; after any other failure (the store is unreachable) the
+        transaction is given up and nothing counts as renewed (None)."""
         results: dict[str, Lease | StoreError | None] = dict.fromkeys(held)
-        for name, epoch in held.items():
-            try:
-                results[name] = store.renew_lease(
-                    name, self.owner, epoch, self.settings.lease_ttl_s
-                )
-            except FencedError as error:
-                results[name] = error
-            except StoreError as error:
-                results[name] = error
-                break
+        try:
+            with store.transaction():
+                for name, epoch in held.items():
+                    try:
+                        results[name] = store.renew_lease(
+                            name, self.owner, epoch, self.settings.lease_ttl_s
+                        )
+                    except FencedError as error:
+                        results[name] = error
+        except StoreError as error:
+            return {name: error for name in held}
         return results
 
     async def _claim(self, store: Store) -> None:
@@ -391,6 +397,8 @@ class FleetService(AgentService):
 
     # ------------------------------------------------------------------ owning one experiment
     async def _adopt(self, lease: Lease, exp: Experiment, sent: float) -> None:
+        """Own the experiment: inbox, subscriptions, driver — unless it was dropped meanwhile
+        (its lease ran out while the subscriptions were made)."""
         name = exp.name
         mine = _Held(lease, sent + self.settings.lease_ttl_s, paused=lease.state == "paused")
         self.held[name] = mine
@@ -410,6 +418,8 @@ class FleetService(AgentService):
             state=lease.state,
             load_s=round(self._load_s.pop(name, 0.0), 3),  # acquiring and rebuilding it
         )
+        if self.held.get(name) is not mine:
+            return  # dropped while subscribing: `_drop` has cleaned up
         mine.task = asyncio.create_task(self._own(exp, lease.epoch), name=f"own:{name}")
 
     async def _own(self, exp: Experiment, epoch: int) -> None:
@@ -447,15 +457,26 @@ class FleetService(AgentService):
                 await self._drop(name, "failed", release=True)
 
     async def _take_over(self, exp: Experiment) -> None:
-        """Re-publish every open round that was published, with this replica's epoch: the
-        device drops the old owner's copies and sends readings it had sent again."""
-        for live in exp.open_rounds:
-            if live.published_at is None:
-                continue  # `_drive` publishes it first thing
-            if live.status is RoundStatus.ACKED:
-                await self._publish_action(exp, live.action)  # ack known: readings resent
-            elif not live.action.expired(time.time()):
-                await self._publish_action(exp, exp.republish(live.number))
+        """Re-publish, with this replica's epoch, every open round that was published, and the
+        recent rounds that ended without all their feedback: the device drops the old owner's
+        copies and acknowledges again what it applied, with the readings it had sent (an action
+        it never applied and that has expired it refuses, as always)."""
+        missing = exp.missing_readings()
+        recent = sorted(exp.rounds)[-RESEND_RECENT_ROUNDS:]
+        for number in recent:
+            live = exp.rounds[number]
+            if live.is_open:
+                if live.published_at is None:
+                    continue  # `_drive` publishes it first thing
+                if live.status is RoundStatus.ACKED:
+                    await self._publish_action(exp, live.action)  # ack known: readings resent
+                elif not live.action.expired(time.time()):
+                    await self._publish_action(exp, exp.republish(live.number))
+            elif number in missing or live.status is RoundStatus.EXPIRED:
+                await self._publish_action(exp, live.action)
+        for live in exp.open_rounds:  # older open rounds than the recent ones (a deep pipeline)
+            if live.number not in recent and live.published_at is not None:
+                await self._publish_action(exp, live.action)
 
     async def _finished(self, exp: Experiment) -> None:
         """A finished experiment is stopped in the store (no replica takes it again)."""

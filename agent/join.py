@@ -99,11 +99,8 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
     # of one it said it would not apply (rejected): it was applied after all, so it is paid for
     # — charged before a partial trial settles what it used.
     if given_up and exp.store.charge(exp.name, live.number, now):
-        why = (
-            "readings_after_expiry"
-            if live.status is RoundStatus.EXPIRED
-            else ("readings_after_rejection")
-        )
+        expired = live.status is RoundStatus.EXPIRED
+        why = "readings_after_expiry" if expired else "readings_after_rejection"
         acks.overspent(exp, live, why, None)
     if reading.variance is not None or reading.replications is not None:
         _replicated(exp, live, reading.node, reading.variance, reading.replications, now)

@@ -30,7 +30,7 @@ import structlog
 from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
-from agent.refits import BackgroundRefits
+from agent.refits import BackgroundRefits, FitWorker
 from agent.rounds import EventSink, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
@@ -56,6 +56,7 @@ LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedba
 LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
 SESSION_WAIT_S = 30.0  # how long lingering waits for a broker session to read what it queued
 DEAD_LETTERS_PER_S = 50  # per experiment; beyond it rejects are counted and logged only
+PUBLISH_RETRY_S = 0.5  # a publish that failed is tried again after this
 DEAD_LETTERS_QUEUED = 100  # waiting to be published (a link down); beyond, stored only
 SENDERS_TRACKED = 10_000  # rate-limit buckets kept; the longest unseen sender is forgotten
 _KIND_SCHEMAS = {"reading": Reading, "ack": Ack, "oracle": Oracle}
@@ -159,10 +160,15 @@ class Link:
             try:
                 await connection.publish(topic, payload, qos=qos, retain=retain)
                 return
-            except MqttConnectionError:
-                # the supervisor is reconnecting: wait for the next connection and try again
-                if self._connection is connection:
-                    self.detach()
+            except MqttConnectionError as error:
+                # A broken link ends its session, which detaches it; a new session attaches the
+                # next. A PUBACK slower than the timeout (a broker busy saving a flood) fails the
+                # same way on a link that lives on: detaching here would leave every publisher
+                # waiting for a connection that never comes while the session still delivers
+                # (and nothing drains the inboxes). So: wait a moment, then publish again on
+                # whatever connection is current (QoS 1: receivers drop the duplicate).
+                log.warning("mqtt.publish_retry", topic=topic, error=str(error))
+                await asyncio.sleep(PUBLISH_RETRY_S)
 
 
 class AgentService:
@@ -208,6 +214,7 @@ class AgentService:
         self.experiments: dict[str, Experiment] = {}
         self._inboxes: dict[str, asyncio.Queue[_Incoming]] = {}
         self.refits: dict[str, BackgroundRefits] = {}
+        self._fit_worker = FitWorker()
         self._inbox_bytes: collections.Counter[str] = collections.Counter()
         self._dead_letters: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(
             maxsize=DEAD_LETTERS_QUEUED
@@ -243,9 +250,12 @@ class AgentService:
         )
         try:
             self._load(store)
+            if self.refits:
+                self._fit_worker.warm()
             await self._serve()
         finally:
             server.close()
+            self._fit_worker.close()
             if own_store:
                 store.close()
             log.info("agent.stopped", agent_id=self.config.agent_id)
@@ -268,6 +278,7 @@ class AgentService:
                 self.refits[spec.name] = BackgroundRefits(
                     self.experiments[spec.name],
                     lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                    self._fit_worker,
                 )
             self.metrics.register_experiment(spec.name)
         self.readiness.set("experiments_loaded", True)

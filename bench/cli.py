@@ -31,6 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_chaos(which)
     _add_store(which)
     _add_decision(which)
+    _add_trsm(which)
     _add_fleet(which)
 
 
@@ -269,6 +270,23 @@ def _add_decision(which: argparse._SubParsersAction) -> None:
     decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
     decision.add_argument("--json", type=Path, help="write the rows as JSON here")
     decision.set_defaults(handler=_decision)
+
+
+def _trsm(args: argparse.Namespace) -> int:
+    from bench import trsm
+
+    trsm.run(args.sizes, args.reps, args.json)
+    return 0
+
+
+def _add_trsm(which: argparse._SubParsersAction) -> None:
+    trsm = which.add_parser(
+        "trsm", help="the GP's in-place triangular solve (cython_blas) beside torch's, per size"
+    )
+    trsm.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 4000])
+    trsm.add_argument("--reps", type=positive_int, default=7, help="interleaved repeats (7)")
+    trsm.add_argument("--json", type=Path, help="write the rows as JSON here")
+    trsm.set_defaults(handler=_trsm)
 
 
 def _add_chaos(which: argparse._SubParsersAction) -> None:

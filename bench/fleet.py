@@ -70,6 +70,8 @@ class FleetRow:
     window_s: float
     store_bytes_per_1000_rounds: float | None
     audit_problems: int
+    experiments_owned: int  # held by a live lease at the end of the window
+    leases_lapsed: int  # a replica's own lease ran out before it could renew it (overload)
 
 
 @dataclass
@@ -361,15 +363,24 @@ def measure(
         idle = {name: rig.rss_mb(name) for name in rig.replicas}
         rig.start_devices()
         rig.submit_all()
-        rig.wait_owned(60 + experiments * 0.5)
+        try:
+            rig.wait_owned(60 + experiments * 0.5)
+        except TimeoutError:  # measured anyway; the row says how many were owned
+            print(f"not every experiment owned after {60 + experiments * 0.5:g} s", file=sys.stderr)
         time.sleep(min(5.0, window_s / 2))  # the first rounds (recovery, imports) settle
         first, started = rig.rounds_started(), time.monotonic()
         time.sleep(window_s)
         done, elapsed = rig.rounds_started() - first, time.monotonic() - started
-        owned = defaultdict(int)
+        owned: dict[str, int] = defaultdict(int)
         for owner in rig.owners().values():
             if owner is not None:
                 owned[owner] += 1
+        churn = sum(
+            1
+            for child in rig.replicas.values()
+            for event in child.log.named("fleet.dropped")
+            if event.get("why") == "lease_expired"
+        )
         grown = [
             (rig.rss_mb(name) - idle[name]) / owned[name] for name in rig.replicas if owned[name]
         ]
@@ -397,6 +408,8 @@ def measure(
         window_s=elapsed,
         store_bytes_per_1000_rounds=size / total * 1000 if total else None,
         audit_problems=len(audit.problems),
+        experiments_owned=sum(owned.values()),
+        leases_lapsed=churn,
     )
 
 

@@ -4,8 +4,9 @@ The incremental GP keeps its Cholesky factor in the top-left n×n block of a (ca
 buffer so that appending a row never moves the rows above it. `torch.linalg.solve_triangular`
 only accepts contiguous matrices, so it copies such a block first — an O(n²) copy that costs as
 much as the solve itself (measured: 3.1 ms instead of 0.3 ms at n = 2000). BLAS's `trsm` takes a
-leading dimension and reads the block in place, so on the CPU we call `?trsm` through SciPy's
-public BLAS interface for compiled code, `scipy.linalg.cython_blas`: its functions are exported
+leading dimension and reads the block in place, so on the CPU we call `?trsm` (`?trsv` for a
+single right-hand side, which SciPy's OpenBLAS runs 2-3× faster) through SciPy's public BLAS
+interface for compiled code, `scipy.linalg.cython_blas`: its functions are exported
 as C function pointers (the module's `__pyx_capi__` capsules, each named by its C signature,
 which we check before use), and SciPy's wrappers take care of the Fortran calling convention
 (the hidden string-length arguments included). SciPy's Python-level `scipy.linalg.blas.dtrsm`
@@ -18,10 +19,10 @@ correct everywhere, fast where it matters.
 5-10 µs however small its operands, and an append built of a few dozen of them (views of the new
 row, a gather, dot products, scatters of a few scalars) spent about as long on those as on its
 one O(n²) solve at n = 2000. On the CPU these two work on NumPy views of the same memory
-(`Tensor.numpy()`: bounds-checked, sub-microsecond indexing) and the same `cython_blas` `?trsm`
-and `?dot`, with the torch fallback elsewhere. Nothing is written through a raw address: BLAS
-writes only the right-hand side it is given, whose extent is checked first, and every other
-store goes through a NumPy view.
+(`Tensor.numpy()`: bounds-checked, sub-microsecond indexing), `cython_blas`'s `?trsv` and
+NumPy's dot products, with the torch fallback elsewhere. Nothing is written through a raw
+address: BLAS writes only the right-hand side it is given, whose extent is checked first, and
+every other store goes through a NumPy view.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _PREFIXES = {torch.float64: "d", torch.float32: "s"}
 _TRSM_SIGNATURE = (
     "void (char *, char *, char *, char *, int *, int *, {t} *, {t} *, int *, {t} *, int *)"
 )
+_TRSV_SIGNATURE = "void (char *, char *, char *, int *, {t} *, int *, {t} *, int *)"
 
 
 def _capsule_pointer(name: str, signature: str) -> int | None:
@@ -87,17 +89,39 @@ def _load_trsm(dtype: torch.dtype) -> Callable | None:
     return prototype(pointer)
 
 
+def _load_trsv(dtype: torch.dtype) -> Callable | None:
+    pointer = _capsule_pointer(f"{_PREFIXES[dtype]}trsv", _TRSV_SIGNATURE)
+    if pointer is None:
+        return None
+    prototype = ctypes.CFUNCTYPE(
+        None,
+        _CHAR_P,  # uplo
+        _CHAR_P,  # trans
+        _CHAR_P,  # diag
+        _INT_P,  # n
+        ctypes.c_void_p,  # a
+        _INT_P,  # lda
+        ctypes.c_void_p,  # x (written)
+        _INT_P,  # incx
+    )
+    return prototype(pointer)
+
+
 _TRSM: dict[torch.dtype, Callable] = {}
+# One right-hand side (an append) goes to ?trsv: SciPy's OpenBLAS runs ?trsm with one column
+# 2-3× slower than ?trsv (measured at n = 500-4000; docs/benchmarks.md), MKL's did not.
+_TRSV: dict[torch.dtype, Callable] = {}
 for _dtype in _SCALARS:
-    _fn = _load_trsm(_dtype)
-    if _fn is not None:
-        _TRSM[_dtype] = _fn
+    _fn, _fv = _load_trsm(_dtype), _load_trsv(_dtype)
+    if _fn is not None and _fv is not None:
+        _TRSM[_dtype], _TRSV[_dtype] = _fn, _fv
 
 
 # The arguments that never change, passed by reference (building them per call cost more than
 # the solve itself for small n). The flags are NUL-terminated one-character strings.
 _UPPER_TRANSPOSED = (b"L", b"U", b"T", b"N")
-_ONE_RHS = ctypes.byref(ctypes.c_int(1))
+_UPPER_TRANSPOSED_V = _UPPER_TRANSPOSED[1:]  # ?trsv has no side
+_ONE = ctypes.byref(ctypes.c_int(1))
 _ALPHA = {dtype: ctypes.byref(_SCALARS[dtype](1.0)) for dtype in _TRSM}
 
 
@@ -127,13 +151,20 @@ def _blas_solve_rows_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
     # Lx = b is therefore "upper, transposed" in BLAS terms, and each row of rhs is one
     # column-major right-hand side (ldb = its row stride). BLAS writes rhs's k rows of n and
     # nothing else: rhs is a view, so that extent lies inside its tensor's memory.
+    lda = ctypes.byref(ctypes.c_int(buffer.stride(0)))
+    count = ctypes.byref(ctypes.c_int(n))
+    if rhs.shape[0] == 1:
+        _TRSV[buffer.dtype](
+            *_UPPER_TRANSPOSED_V, count, buffer.data_ptr(), lda, rhs.data_ptr(), _ONE
+        )
+        return
     _TRSM[buffer.dtype](
         *_UPPER_TRANSPOSED,
-        ctypes.byref(ctypes.c_int(n)),
+        count,
         ctypes.byref(ctypes.c_int(rhs.shape[0])),
         _ALPHA[buffer.dtype],
         buffer.data_ptr(),
-        ctypes.byref(ctypes.c_int(buffer.stride(0))),
+        lda,
         rhs.data_ptr(),
         ctypes.byref(ctypes.c_int(rhs.stride(0))),
     )
@@ -212,7 +243,7 @@ def append_rows_(
     """
     if not _raw_usable(factor, vector, source):
         return _append_rows_torch_(factor, vector, source, rows, members)
-    trsm, alpha = _TRSM[factor.dtype], _ALPHA[factor.dtype]
+    trsv = _TRSV[factor.dtype]
     f, v, s = factor.numpy(), vector.numpy(), source.numpy()  # views of the same memory
     capacity = factor.shape[-1]
     block_bytes = capacity * capacity * factor.element_size()
@@ -230,17 +261,8 @@ def append_rows_(
         row[:] = s[j, :n] if s.ndim == 2 else s[:n]
         count = ctypes.byref(ctypes.c_int(n))
         # factor j's block starts j blocks into the buffer; its row n (the new row, inside the
-        # same buffer: checked above) is BLAS's one right-hand side.
-        trsm(
-            *_UPPER_TRANSPOSED,
-            count,
-            _ONE_RHS,
-            alpha,
-            f_base + j * block_bytes,
-            lda,
-            row.ctypes.data,
-            count,
-        )
+        # same buffer: checked above) is BLAS's right-hand side.
+        trsv(*_UPPER_TRANSPOSED_V, count, f_base + j * block_bytes, lda, row.ctypes.data, _ONE)
         out.append((float(np.dot(row, row)), float(np.dot(row, v[j, :n]))))
     return out
 

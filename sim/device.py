@@ -351,6 +351,7 @@ class SimulatorDevice:
                     alog,
                     "device.reading_published",
                     again=True,
+                    node=reading.node,
                     seq=reading.seq,
                 )
             )

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +26,8 @@ from tests.test_agent_service import WAIT_S, agent_config, fast_spec
 
 @pytest.mark.integration
 async def test_refits_run_beside_the_loop_and_leave_the_exact_model(mosquitto, tmp_path):
-    spec = fast_spec("refits", rounds=24, pipeline=2)
+    # long enough (about 15 s) for the fit process to start and fit more than once
+    spec = fast_spec("refits", rounds=30, pipeline=1, min_interval_s=0.5)
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"refit_every": 3})})
     device = SimulatorDevice(
         make_environment("toygraph"),
@@ -64,3 +71,39 @@ async def test_refits_run_beside_the_loop_and_leave_the_exact_model(mosquitto, t
     ours, theirs = gp.posterior(xq), scratch.gp.posterior(xq)
     torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-8, atol=1e-8)
+
+
+_KILLED_AGENT = """
+import os, signal, sys, time
+from agent.refits import FitWorker
+if __name__ == "__main__":
+    worker = FitWorker()
+    worker.warm()
+    future = worker._started().submit(os.getpid)
+    print(future.result(timeout=120), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_fit_process_exits_when_the_agent_is_killed(tmp_path):
+    """A SIGKILLed agent must not leave its fit process behind (it holds torch's memory)."""
+    script = tmp_path / "killed_agent.py"
+    script.write_text(_KILLED_AGENT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.2)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

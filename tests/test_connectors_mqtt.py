@@ -534,9 +534,9 @@ async def test_a_message_not_acknowledged_is_redelivered_and_an_acknowledged_one
         session_expiry_s=60,
         manual_ack=True,
     )
-    topic = topics.reading("exp1")
+    topic = topics.reading("exp1", "s1")
     async with MqttConnection(session) as subscriber:
-        await subscriber.subscribe(topics.experiment_filter("reading"), qos=1)
+        await subscriber.subscribe(topics.device_filter("reading"), qos=1)
     sent = [reading(0), reading(1)]
     async with MqttConnection(config_for(mosquitto.port)) as publisher:
         for message in sent:

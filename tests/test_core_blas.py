@@ -132,3 +132,17 @@ def test_set_entries_writes_only_the_named_offsets():
     assert b.tolist() == [0.0, 0.0, 0.0, 0.0, 3.0]
     with pytest.raises(IndexError):
         set_entries_((b, [5], [1.0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_one_right_hand_side_goes_through_trsv_and_equals_torch(dtype, n):
+    buffer = _factor(n, n + 3, dtype, n)
+    rhs = buffer[n + 1, :n]  # a row of the buffer below the factor, as in an append
+    expected = torch.linalg.solve_triangular(
+        torch.tril(buffer[:n, :n]), rhs.clone().unsqueeze(-1), upper=False
+    ).squeeze(-1)
+    assert dtype in core.blas._TRSV
+    solve_lower_in_buffer_(buffer, n, rhs)
+    rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(buffer[n + 1, :n], expected, rtol=rtol, atol=atol)

@@ -640,9 +640,11 @@ def test_compose_agent_and_simulator_serve_the_same_experiment() -> None:
     broker = BrokerConfig.from_url(flags["--broker"])
     assert broker.host in compose()["services"]
     # the simulator logs in as its device id, the spec's device, which the ACL's patterns grant
-    assert broker.username == flags["--device-id"] == spec.actuator_id
-    assert broker.username == service("mosquitto-init")["environment"]["MQTT_DEVICE_USER"]
-    assert broker.username not in acl_users() and "%u" in acl_users()
+    username = sim["environment"]["CBO_BROKER_USERNAME"]  # the login: from the environment
+    assert broker.username is None and broker.password is None  # nothing secret in `ps`
+    assert username == flags["--device-id"] == spec.actuator_id
+    assert username == service("mosquitto-init")["environment"]["MQTT_DEVICE_USER"]
+    assert username not in acl_users() and "%u" in acl_users()
     assert sim["healthcheck"] == {"disable": True}
 
 
@@ -670,8 +672,11 @@ def test_compose_mosquitto_files_and_users_line_up() -> None:
     # the agent and the init container take the agent's password from the same variable
     raw_agent = service("agent")["environment"]["CBO_BROKER_PASSWORD"]
     assert raw_agent == init["environment"]["MQTT_AGENT_PASSWORD"]
-    raw_sim_url = next(p for p in service("sim")["command"] if p.startswith("mqtt://"))
-    assert init["environment"]["MQTT_DEVICE_PASSWORD"] in raw_sim_url
+    # ... and the simulator its device's, from the environment: no password on a command line
+    sim = service("sim")
+    assert sim["environment"]["CBO_BROKER_PASSWORD"] == init["environment"]["MQTT_DEVICE_PASSWORD"]
+    assert sim["environment"]["CBO_BROKER_USERNAME"] == init["environment"]["MQTT_DEVICE_USER"]
+    assert not [p for p in sim["command"] if "@" in p], sim["command"]
 
 
 def test_acl_grants_what_the_protocol_needs() -> None:

@@ -253,12 +253,15 @@ DEVICE = f"sim-{EXPERIMENT}"  # the spec's default device: the simulator's id an
 
 
 def make_passwords(directory: Path) -> tuple[Path, dict[str, str]]:
-    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", DEVICE, "monitor")}
+    passwords = {
+        user: secrets.token_urlsafe(12) for user in ("agent", DEVICE, "monitor", "operator")
+    }
     passwd = directory / "passwd"
     env = {
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": passwords["agent"],
         "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_OPERATOR_PASSWORD": passwords["operator"],
         "MQTT_DEVICE_USER": DEVICE,
         "MQTT_DEVICE_PASSWORD": passwords[DEVICE],
     }

@@ -138,3 +138,26 @@ def test_sim_refuses_a_ca_file_without_tls_in_one_line(tmp_path):
                  "--ca-file", str(ca))  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "need tls=True" in result.stderr, result.stderr
+
+
+@pytest.mark.integration
+def test_a_demo_whose_disk_fills_up_mid_run_ends_in_one_fatal_event(tmp_path):
+    """The demo (embedded broker, simulator, agent) with its files limited to 180 kB: the store
+    is created and round 0 runs, then a commit fails — one agent.fatal, exit 1, no traceback."""
+    result = cli(
+        "demo", "--no-live", "--rounds", "40", "--policy", "random", "--metrics-port", "0",
+        "--out", str(tmp_path / "demo"),
+        file_size_limit=180_000,
+    )  # fmt: skip
+    fatal = the_fatal_event(result)
+    assert (result.returncode, fatal["command"]) == (1, "demo")
+    assert fatal["reason"].startswith("store_") and fatal["error_type"] == "StoreError"
+    assert "round 0 by" in result.stdout  # mid-run
+
+
+def test_a_demo_out_below_a_file_is_one_line_and_exit_2(tmp_path):
+    taken = tmp_path / "file"
+    taken.write_text("")
+    result = cli("demo", "--no-live", "--metrics-port", "0", "--out", str(taken / "demo"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"--out {taken / 'demo'}: Not a directory" in result.stderr

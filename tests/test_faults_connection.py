@@ -11,6 +11,7 @@ in-process test below shows that comparison fails when a stored reading never re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -19,13 +20,16 @@ from pathlib import Path
 
 import pytest
 
+import agent.runtime as runtime
 from agent.experiment import Experiment
+from agent.runtime import Link
 from bench.chaos import ChaosOptions, run_chaos
 from bench.harness.check import audit_once, live_checks, stored_rows
 from bench.harness.procs import DeviceOptions
 from bench.harness.tcp_proxy import TcpProxy
 from connectors.metrics import AgentMetrics, MetricsServer
 from connectors.mosquitto import find_mosquitto
+from connectors.mqtt import ConnectionLostError
 from connectors.store import Store
 from tests.test_agent_join import ack, chain_spec, reading
 
@@ -182,3 +186,30 @@ def test_cutting_the_agents_connection_loses_nothing_and_rounds_go_on(tmp_path: 
     assert numbers["rounds_completed"] >= options.rounds - 1 - numbers["rounds_expired"], report
     failed = [f"{c.name}: {c.detail}" for c in result.verdict.checks if not c.ok]
     assert not failed, report
+
+
+class SlowPubacks:
+    """A live connection whose first publishes time out (a broker busy saving a flood)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.published: list[str] = []
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionLostError(f"publish to {topic!r} failed: timed out")
+        self.published.append(topic)
+
+
+async def test_a_publish_that_times_out_on_a_live_link_is_retried_there(monkeypatch) -> None:
+    """A slow PUBACK used to detach the link while its session lived on: every later publish
+    waited for a connection that never came, and the agent went silent (found by the chaos
+    benchmark's flood). The link stays attached and the publish goes out."""
+    monkeypatch.setattr(runtime, "PUBLISH_RETRY_S", 0.01)
+    link, connection = Link(), SlowPubacks(failures=2)
+    link.attach(connection)  # type: ignore[arg-type]
+    await asyncio.wait_for(link.publish("cbo/x/d/action", b"{}"), 5.0)
+    assert connection.published == ["cbo/x/d/action"] and link.connected
+    await asyncio.wait_for(link.publish("cbo/x/d/action", b"{}"), 5.0)  # and the next one too
+    assert len(connection.published) == 2

@@ -21,8 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+import agent.runtime as runtime
+from agent.config import InputSection
 from agent.runtime import AgentService
+from connectors.schemas import Reading, encode
 from connectors.store import Store
+from core.spec import DeviceSpec
 from tests.brokers import MosquittoOptions, free_port, shipped_limits
 from tests.test_faults_input import (
     config_for,
@@ -30,6 +34,7 @@ from tests.test_faults_input import (
     device_topic,
     rejected_counts,
     spec_for,
+    topics,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +73,8 @@ async def test_20000_invalid_messages_beside_a_live_device_lose_none_of_its_read
     mosquitto_factory, tmp_path: Path
 ) -> None:
     broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
-    spec = spec_for("flooded", rounds=12)
+    # the device shares this process's event loop with the agent and its flood: generous timers
+    spec = spec_for("flooded", rounds=12, ack_timeout_s=15.0, round_timeout_s=20.0)
     store_path = tmp_path / "agent.sqlite"
     service = AgentService(config_for(broker.url, store_path), [spec])
     garbage = [
@@ -202,3 +208,129 @@ def test_memory_stays_bounded_under_a_sustained_flood(mosquitto_factory, tmp_pat
         f"then {', '.join(f'{mb:.1f}' for mb in after)} after each further burst"
     )
     assert max(after) - before < MEMORY_BOUND_MB, (before, after)
+
+
+@pytest.mark.integration
+async def test_a_sender_over_its_rate_is_cut_off_and_the_live_device_is_not(
+    mosquitto_factory, tmp_path: Path
+) -> None:
+    """A vandal sends 300 well-formed readings at once (of a round that does not exist: each
+    costs the driver a look-up; forging a live round is the device-identity tests' subject);
+    past its burst they are rejected as rate_limited and acknowledged, while the live device,
+    another sender, keeps every reading."""
+    broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
+    spec = spec_for("limited", rounds=4)
+    spec = spec.model_copy(  # the live device, and a vandal with a login of its own bound to X0
+        update={
+            "devices": [
+                *spec.served_by,
+                DeviceSpec(id="vandal", nodes=["X0"]),
+            ]
+        }
+    )
+    store_path = tmp_path / "agent.sqlite"
+    config = config_for(broker.url, store_path).model_copy(
+        update={"input": InputSection(sender_rate_per_s=5.0, sender_burst=20)}
+    )
+    service = AgentService(config, [spec])
+    vandalism = 300
+
+    async def vandal() -> None:
+        while (
+            "limited" not in service.experiments or 0 not in service.experiments["limited"].rounds
+        ):
+            await asyncio.sleep(0.01)
+        payloads = [
+            encode(
+                Reading(
+                    experiment="limited", round=10_000, node="X0", value=0.5, seq=seq,
+                    device_id="vandal", at=time.time(),
+                )
+            )
+            for seq in range(vandalism)
+        ]  # fmt: skip
+        await asyncio.to_thread(
+            flood, broker.port, topics.reading("limited", "vandal"), payloads, threading.Event()
+        )
+
+    with capture_logs() as logs:
+        async with device_for(broker.url, "limited", delay_s=0.2):
+            await asyncio.wait_for(asyncio.gather(service.run(), vandal()), WAIT_S)
+    limited = rejected_counts(service, "limited").get("rate_limited", 0)
+    assert vandalism - 20 - 5 * 30 <= limited < vandalism, limited
+    published = {
+        (e["round"], e["node"], e["seq"]): e["value"]
+        for e in logs
+        if e["event"] == "device.reading_published"
+    }
+    with Store(store_path) as store:
+        stored = {
+            (r.round, r.node, r.seq): r.value
+            for r in store.readings("limited")
+            if r.device_id != "vandal"
+        }
+        assert [r.status for r in store.rounds("limited")] == ["closed"] * 4
+        letters = store.dead_letters("limited")
+    assert stored == published and len(published) == 4 * len(spec.nodes)
+    assert any(letter.reason == "rate_limited" for letter in letters)
+
+
+def test_the_flood_structures_are_bounded() -> None:
+    """What a flood could grow: rate buckets (one per sender it makes up) are capped, the
+    oldest forgotten; the dead-letter queues are bounded."""
+    bucket = runtime._TokenBucket(rate=1.0, burst=2.0, max_keys=100)
+    for sender in range(10_000):
+        bucket.take(("topic", f"made-up-{sender}"))
+    assert len(bucket) == 100
+    assert bucket.take(("topic", "made-up-9999")) and not bucket.take(("topic", "made-up-9999"))
+    assert runtime.SENDERS_TRACKED == 10_000 and runtime.DEAD_LETTERS_QUEUED == 100
+    assert runtime.INBOX_BYTES_LIMIT == 64 * 2**20
+
+
+@pytest.mark.integration
+async def test_measured_at_travels_from_the_device_to_the_export(
+    mosquitto_factory, tmp_path: Path, capsys
+) -> None:
+    """Device -> broker -> store -> export: every exported reading's `measured_at` is the `at`
+    its device put in the message (seen by a listener on the broker), `received_at` the
+    agent's clock."""
+    import csv
+
+    from agent.cli import main
+    from connectors.mqtt import BrokerConfig, MqttConnection
+    from connectors.schemas import decode
+
+    broker = mosquitto_factory(MosquittoOptions(extra_lines=shipped_limits()))
+    spec = spec_for("measured", rounds=3)
+    store_path = tmp_path / "agent.sqlite"
+    service = AgentService(config_for(broker.url, store_path), [spec])
+    seen: dict[tuple[int, str, int], float] = {}
+    listening = asyncio.Event()
+
+    async def listen() -> None:
+        async with MqttConnection(BrokerConfig.from_url(broker.url)) as mqtt:
+            await mqtt.subscribe("cbo/measured/+/reading")
+            listening.set()
+            async for message in mqtt.messages():
+                reading = decode(message.payload, Reading)
+                seen[(reading.round, reading.node, reading.seq)] = reading.at
+
+    listener = asyncio.create_task(listen())
+    await asyncio.wait_for(listening.wait(), WAIT_S)
+    try:
+        async with device_for(broker.url, "measured", delay_s=0.1):
+            await asyncio.wait_for(service.run(), WAIT_S)
+        await asyncio.sleep(0.5)  # the listener's copies
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+    capsys.readouterr()
+    out = tmp_path / "export"
+    assert main(["export", "measured", "--store", str(store_path), "--out", str(out)]) == 0
+    with open(out / "measured_readings.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * len(spec.nodes)
+    exported = {(int(r["round"]), r["node"], int(r["seq"])): float(r["measured_at"]) for r in rows}
+    assert exported == {key: seen[key] for key in exported}
+    assert all(float(r["received_at"]) >= float(r["measured_at"]) - 1.0 for r in rows)

@@ -99,7 +99,9 @@ def make_passwords(directory: Path) -> tuple[Path, dict[str, str]]:
     login that is in no spec (the ACL's patterns grant it only its own device topics)."""
     if shutil.which("mosquitto_passwd") is None:
         pytest.skip("mosquitto_passwd is not installed (Debian: mosquitto)")
-    passwords = {user: secrets.token_urlsafe(12) for user in ("agent", "monitor", *DEVICES)}
+    passwords = {
+        user: secrets.token_urlsafe(12) for user in ("agent", "monitor", "operator", *DEVICES)
+    }
     passwd = directory / "passwd"
     devices_file = directory / "devices"
     devices_file.write_text("".join(f"{d} {passwords[d]}\n" for d in DEVICES[1:]))
@@ -107,6 +109,7 @@ def make_passwords(directory: Path) -> tuple[Path, dict[str, str]]:
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": passwords["agent"],
         "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_OPERATOR_PASSWORD": passwords["operator"],
         "MQTT_DEVICE_USER": DEVICES[0],
         "MQTT_DEVICE_PASSWORD": passwords[DEVICES[0]],
         "MQTT_DEVICES_FILE": str(devices_file),

@@ -58,7 +58,19 @@ MAKE_PASSWD = ROOT / "deploy" / "mosquitto" / "make-passwd.sh"
 STOP_S = 10.0
 # Save the broker's state after every change (not once a second): a broker killed with SIGKILL
 # then loses at most the message it was handling, which keeps "readings lost" about the agent.
-DURABLE_BROKER_LINES = ("autosave_on_changes true", "autosave_interval 1")
+SHIPPED_BROKER_CONF = ROOT / "deploy" / "mosquitto" / "mosquitto.conf"
+_SHIPPED_LIMITS = ("max_inflight_messages", "max_queued_messages", "max_queued_bytes")
+
+
+def shipped_broker_limits() -> tuple[str, ...]:
+    """The in-flight and queue limits of the shipped broker configuration, as its lines: a
+    benchmark measures the broker as shipped (with Mosquitto's defaults, 1,000 queued messages
+    per session, a flood beside a dead agent pushes its real readings out)."""
+    lines = SHIPPED_BROKER_CONF.read_text().splitlines()
+    return tuple(line.strip() for line in lines if line.split(" ", 1)[0] in _SHIPPED_LIMITS)
+
+
+DURABLE_BROKER_LINES = ("autosave_on_changes true", "autosave_interval 1", *shipped_broker_limits())
 
 
 class ChildDied(RuntimeError):
@@ -421,10 +433,10 @@ class Cluster:
 
 
 def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
-    """Mosquitto's password file for the agent, the monitor and `devices` (each its own login,
-    its device id), by the deployment's own script; returns user -> password."""
+    """Mosquitto's password file for the agent, the monitor, the operator and `devices` (each
+    its own login, its device id), by the deployment's own script; returns user -> password."""
     devices = list(devices)
-    users = ("agent", "monitor", *devices)
+    users = ("agent", "monitor", "operator", *devices)
     passwords = {user: secrets.token_urlsafe(12) for user in users}
     extra = path.with_name(path.name + ".devices")
     extra.write_text("".join(f"{device} {passwords[device]}\n" for device in devices[1:]))
@@ -432,6 +444,7 @@ def write_passwords(path: Path, devices: Iterable[str]) -> dict[str, str]:
         "PATH": os.environ["PATH"],
         "MQTT_AGENT_PASSWORD": passwords["agent"],
         "MQTT_MONITOR_PASSWORD": passwords["monitor"],
+        "MQTT_OPERATOR_PASSWORD": passwords["operator"],
         "MQTT_DEVICE_USER": devices[0],
         "MQTT_DEVICE_PASSWORD": passwords[devices[0]],
         "MQTT_DEVICES_FILE": str(extra),

@@ -21,6 +21,10 @@ are kept as each member's trailing rows with the posterior mean as their value: 
 shrinks, the mean does not move (`pending`). Everything follows the dtype and device of the
 declared bounds (float64 default).
 
+With `GPConfig.deferred`, learning only appends (and forgets) rows; due refits and drift
+rebuilds are copied out (`refit_job`), run beside the model (`core.gp.refit`) and swapped in
+with the rows that came meanwhile appended again (`install`).
+
 This module holds the model: its learn verbs, the refit schedule and its state; the work is
 done by functions over its buffers, in the modules named above.
 """

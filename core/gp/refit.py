@@ -3,7 +3,9 @@
 A hyperparameter fit (BoTorch, hundreds of milliseconds) and the O(n³) refactorization that
 follows it must not hold up the caller that appends rows. `IncrementalGP.refit_job` copies what
 a refit needs — each member's observations, hyperparameters and jitter — into a `RefitJob`;
-`run_refit` does the slow work on that copy alone (any thread or process); and
+`run_refit` does the slow work on that copy alone — `fit_job` (the hyperparameter fit, Python-
+heavy: a process of its own keeps it off the caller's interpreter lock) then `factorize_job`
+(the O(n³) LAPACK work, which releases that lock: a thread will do) — and
 `IncrementalGP.install` swaps the result in, appending the rows that arrived meanwhile with the
 new hyperparameters (O(k·n²) for k of them). The installed model is exactly the model a
 synchronous refit of the snapshot's rows followed by those appends would give.
@@ -20,14 +22,24 @@ from dataclasses import dataclass
 
 import torch
 
-from core.gp.buffers import allocate, ensure_capacity, put_data
+from core.gp.buffers import GPBuffers, allocate, ensure_capacity, put_data
 from core.gp.config import LENGTHSCALE_FLOOR, MIN_NOISE
 from core.gp.rebuild import refactorize
 from core.gp.standardize import standardization
 from core.hyperfit import FittedHyperparameters, PriorName, fit_hyperparameters
 from core.kernels import KernelName
 
-__all__ = ["FitOutcome", "RefitJob", "RefitResult", "effective_noise", "fit_member", "run_refit"]
+__all__ = [
+    "FitOutcome",
+    "RefitFit",
+    "RefitJob",
+    "RefitResult",
+    "effective_noise",
+    "factorize_job",
+    "fit_job",
+    "fit_member",
+    "run_refit",
+]
 
 
 def effective_noise(
@@ -131,7 +143,7 @@ class RefitResult:
         v: per member, (n_j,) L⁻¹ỹ.
         lengthscale: (m, d); outputscale, learned_noise, jitter, y_mean, y_scale: (m,).
         failed: the members (model numbering) whose optimizer did not converge.
-        seconds: wall time of `run_refit`.
+        seconds: wall time of the fit and the factorization.
     """
 
     job: RefitJob
@@ -147,21 +159,47 @@ class RefitResult:
     seconds: float
 
 
-@torch.no_grad()
-def run_refit(job: RefitJob) -> RefitResult:
-    """Restandardize, fit (where asked) and refactorize the job's members on its copies."""
-    started = time.perf_counter()
+@dataclass(frozen=True)
+class RefitFit:
+    """`fit_job`'s outcome: the job's members' new hyperparameters and standardization.
+
+    Attributes:
+        lengthscale: (m, d); outputscale, learned_noise, jitter, y_mean, y_scale: (m,).
+        failed: the members (model numbering) whose optimizer did not converge.
+        seconds: wall time of the fit.
+    """
+
+    lengthscale: torch.Tensor
+    outputscale: torch.Tensor
+    learned_noise: torch.Tensor
+    jitter: torch.Tensor
+    y_mean: torch.Tensor
+    y_scale: torch.Tensor
+    failed: list[int]
+    seconds: float
+
+
+def _buffers_of(job: RefitJob) -> GPBuffers:
+    """The job's rows in buffers of their own (m members), unfactored."""
     m, d = len(job.members), job.lengthscale.shape[-1]
     opts = {"dtype": job.lengthscale.dtype, "device": job.lengthscale.device}
     buffers = allocate(m, d, **opts)
     ensure_capacity(buffers, max([*job.rows, 1]))
     for k in range(m):
         put_data(buffers, k, job.z[k], job.y[k])
+    return buffers
+
+
+@torch.no_grad()
+def fit_job(job: RefitJob) -> RefitFit:
+    """Restandardize the job's members from their data and fit those marked `fit`."""
+    started = time.perf_counter()
+    buffers = _buffers_of(job)
     y_mean, y_scale = standardization(buffers)
     lengthscale, outputscale = job.lengthscale.clone(), job.outputscale.clone()
     learned_noise, jitter = job.learned_noise.clone(), job.jitter.clone()
     failed: list[int] = []
-    for k in range(m):
+    for k in range(len(job.members)):
         if not job.fit[k]:
             continue
         n, width = job.rows[k], max(job.dims[k], 1)
@@ -183,28 +221,51 @@ def run_refit(job: RefitJob) -> RefitResult:
         jitter[k] = 0.0
         if not outcome.converged:
             failed.append(job.members[k])
+    return RefitFit(
+        lengthscale,
+        outputscale,
+        learned_noise,
+        jitter,
+        y_mean,
+        y_scale,
+        failed,
+        time.perf_counter() - started,
+    )
+
+
+@torch.no_grad()
+def factorize_job(job: RefitJob, fit: RefitFit) -> RefitResult:
+    """Refactorize the job's members under the fitted values (jitter retries raise `jitter`)."""
+    started = time.perf_counter()
+    buffers = _buffers_of(job)
+    jitter = fit.jitter.clone()
     refactorize(
         buffers,
-        list(range(m)),
+        list(range(len(job.members))),
         kernel=job.kernel,
-        lengthscale=lengthscale,
-        outputscale=outputscale,
-        noise=effective_noise(job.known_noise, learned_noise, y_scale),
+        lengthscale=fit.lengthscale,
+        outputscale=fit.outputscale,
+        noise=effective_noise(job.known_noise, fit.learned_noise, fit.y_scale),
         jitter=jitter,  # raised in place where a factor needs it
-        y_mean=y_mean,
-        y_scale=y_scale,
+        y_mean=fit.y_mean,
+        y_scale=fit.y_scale,
     )
     rows = job.rows
     return RefitResult(
         job=job,
-        factor=[buffers.factor[k, : rows[k], : rows[k]].clone() for k in range(m)],
-        v=[buffers.v[k, : rows[k]].clone() for k in range(m)],
-        lengthscale=lengthscale,
-        outputscale=outputscale,
-        learned_noise=learned_noise,
+        factor=[buffers.factor[k, :n, :n].clone() for k, n in enumerate(rows)],
+        v=[buffers.v[k, :n].clone() for k, n in enumerate(rows)],
+        lengthscale=fit.lengthscale,
+        outputscale=fit.outputscale,
+        learned_noise=fit.learned_noise,
         jitter=jitter,
-        y_mean=y_mean,
-        y_scale=y_scale,
-        failed=failed,
-        seconds=time.perf_counter() - started,
+        y_mean=fit.y_mean,
+        y_scale=fit.y_scale,
+        failed=fit.failed,
+        seconds=fit.seconds + time.perf_counter() - started,
     )
+
+
+def run_refit(job: RefitJob) -> RefitResult:
+    """`fit_job`, then `factorize_job`, in the calling thread."""
+    return factorize_job(job, fit_job(job))
