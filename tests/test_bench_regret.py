@@ -64,6 +64,7 @@ ROUND_FIELDS = {
     "regret",
     "acquisition_value",
     "decision_seconds",
+    "decision_cpu_seconds",
     "update_seconds",
     "diagnostics",
 }
