@@ -85,6 +85,17 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     is paid for (charged again, past the budget if need be) and the model learns it."""
     if live.acked_at is not None:
         return Verdict("duplicate")
+    if _charge_applied(exp, live, ack):
+        expires_at = live.action.expires_at
+        late = expires_at is not None and ack.at >= expires_at
+        overspent(exp, live, "applied_after_expiry" if late else "ack_after_expiry", ack.at)
+    return Verdict("late")
+
+
+def _charge_applied(exp: Experiment, live: LiveRound, ack: Ack) -> bool:
+    """Pay for an action applied after the agent let it go (expired or rejected): charge it,
+    record what was applied and let the model learn it. Whether a charge was made (False when
+    the round had already been paid for)."""
     applied = _applied(exp, live, ack)
     with exp.store.transaction():
         charged = exp.store.charge(exp.name, live.number, exp.clock())
@@ -93,11 +104,7 @@ def _applied_after_expiry(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict
     live.acked_at = exp.ticks()
     if applied is not None:
         exp.model.history[live.model_round].intervention = applied
-    if charged:
-        expires_at = live.action.expires_at
-        late = expires_at is not None and ack.at >= expires_at
-        overspent(exp, live, "applied_after_expiry" if late else "ack_after_expiry", ack.at)
-    return Verdict("late")
+    return charged
 
 
 def _applied_after_rejection(exp: Experiment, live: LiveRound, ack: Ack) -> Verdict:
@@ -106,15 +113,7 @@ def _applied_after_rejection(exp: Experiment, live: LiveRound, ack: Ack) -> Verd
     readings teach the model from now on (`agent.join`)."""
     if live.acked_at is not None:
         return Verdict("duplicate")
-    applied = _applied(exp, live, ack)
-    with exp.store.transaction():
-        charged = exp.store.charge(exp.name, live.number, exp.clock())
-        if applied is not None:
-            exp.store.set_applied(exp.name, live.number, applied)
-    live.acked_at = exp.ticks()
-    if applied is not None:
-        exp.model.history[live.model_round].intervention = applied
-    if charged:
+    if _charge_applied(exp, live, ack):
         overspent(exp, live, "applied_after_rejection", ack.at)
     return Verdict("late")
 
