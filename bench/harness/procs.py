@@ -70,7 +70,10 @@ def shipped_broker_limits() -> tuple[str, ...]:
     return tuple(line.strip() for line in lines if line.split(" ", 1)[0] in _SHIPPED_LIMITS)
 
 
-DURABLE_BROKER_LINES = ("autosave_on_changes true", "autosave_interval 1", *shipped_broker_limits())
+def durable_broker_lines() -> tuple[str, ...]:
+    """The chaos broker's lines: saved after every change, with the shipped limits. Read when a
+    cluster is made, not at import: an installed package (the image) has no deploy/ beside it."""
+    return ("autosave_on_changes true", "autosave_interval 1", *shipped_broker_limits())
 
 
 class ChildDied(RuntimeError):
@@ -289,7 +292,7 @@ class Cluster:
     spec_path: Path
     env: str = "dropwave"
     device_options: DeviceOptions = field(default_factory=DeviceOptions)
-    broker_lines: tuple[str, ...] = DURABLE_BROKER_LINES
+    broker_lines: tuple[str, ...] = field(default_factory=durable_broker_lines)
     via_proxy: bool = False
     logins: tuple[str, ...] | None = None  # extra device logins; None: an anonymous broker
     agent_lives: list[Child] = field(default_factory=list)
