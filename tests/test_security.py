@@ -623,7 +623,9 @@ async def test_passwords_come_from_files_never_from_the_command_line(
         assert secure_broker.passwords["sim-secure"].encode() not in cmdline
     finally:
         device.terminate()
-        device.wait(timeout=30)
+        # read its stderr to the end while it stops: a full pipe would block its logging, and
+        # with it the shutdown (seen as a 30 s timeout under load)
+        device.communicate(timeout=30)
     refused = subprocess.run(
         [sys.executable, "-m", "agent.cli", "sim", "dropwave", "--experiment", "x",
          "--password", "hunter2"],

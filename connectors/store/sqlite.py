@@ -81,7 +81,7 @@ class SqliteDatabase:
 
     def _configure(self, conn: sqlite3.Connection, timeout_s: float) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _set_wal(conn, timeout_s)
         if mode != "wal" and not self._memory:
             raise StoreError(f"store {self.path}: WAL mode refused (journal_mode is {mode!r})")
         conn.execute("PRAGMA synchronous = FULL")  # fsync the WAL at every commit: see the docs
@@ -282,3 +282,19 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> str:
+    """Switch to WAL, retrying while another connection holds the file: SQLite does not call
+    its busy handler for a journal-mode change, so replicas opening a new store at the same
+    moment would otherwise see "database is locked" at once. The journal mode it reports."""
+    deadline = time.monotonic() + timeout_s
+    delay_s = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.2)
