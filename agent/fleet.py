@@ -44,7 +44,7 @@ from agent.config import AgentConfig
 from agent.control_topic import answer
 from agent.experiment import Experiment
 from agent.rounds import EventSink, RoundStatus
-from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
+from agent.runtime import INBOX_LIMIT, AgentService
 from connectors.metrics import MetricsServer, Readiness
 from connectors.mqtt import (
     IncomingMessage,
@@ -393,7 +393,7 @@ class FleetService(AgentService):
         elif state == "running" and mine.paused:
             mine.paused = False
             log.info("fleet.resumed", experiment=name)
-            self._offer(self._inboxes[name], _Incoming("wake", None, at=time.time()))
+            self.wake(name)
 
     # ------------------------------------------------------------------ owning one experiment
     async def _adopt(self, lease: Lease, exp: Experiment, sent: float) -> None:

@@ -421,6 +421,13 @@ class AgentService:
         self._reject(parsed.experiment, parsed.kind, message, "rate_limited", detail)
         return False
 
+    def wake(self, experiment: str) -> bool:
+        """Wake the experiment's driver so it looks again at what it may do (e.g. `_may_propose`
+        changed: a fleet's experiment resumed). False if the experiment is not served here or
+        its inbox is full (then the driver is busy anyway and will look again by itself)."""
+        inbox = self._inboxes.get(experiment)
+        return inbox is not None and self._offer(inbox, _Incoming("wake", None, at=time.time()))
+
     @staticmethod
     def _offer(inbox: asyncio.Queue[_Incoming], item: _Incoming) -> bool:
         try:
