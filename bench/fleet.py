@@ -44,7 +44,7 @@ from agent.paths import example_spec
 from bench.harness.postgres import scratch_database
 from bench.harness.procs import Child, JsonLog, child_environment, cli, wait_until
 from connectors.mosquitto import MosquittoBroker
-from connectors.store import Store
+from connectors.store import Store, StoreError
 from core.spec import parse_spec
 
 __all__ = ["Audit", "FleetRig", "FleetRow", "run"]
@@ -70,6 +70,10 @@ class FleetRow:
     window_s: float
     store_bytes_per_1000_rounds: float | None
     audit_problems: int
+    readings_lost: int  # published, never stored: counted after the fleet was drained
+    # published more than 2 s before the end of the window and not stored yet then (waiting in
+    # a replica's queue: the replicas' lag, not a loss unless `readings_lost` counts it)
+    readings_unstored_at_cutoff: int
     experiments_owned: int  # held by a live lease at the end of the window
     leases_lapsed: int  # a replica's own lease ran out before it could renew it (overload)
 
@@ -85,6 +89,8 @@ class Audit:
     applied: int
     stale_dropped: int
     problems: list[str] = field(default_factory=list)
+    # (experiment, round, node, seq, unix time first published) of each reading not stored
+    lost: list[tuple[str, int, str, int, float]] = field(default_factory=list)
 
 
 class FleetRig:
@@ -223,6 +229,26 @@ class FleetRig:
             poll_s=0.1,
         )
 
+    def quiesce(self, timeout_s: float, quiet_s: float = 3.0) -> bool:
+        """Pause every experiment (the control plane) and wait until no round is open and no
+        reading has been stored for `quiet_s`: then whatever a device published has had an
+        owner to store it, however far behind the replicas were. False if not quiet in time."""
+        for name in self.names:
+            with contextlib.suppress(StoreError):  # stopped already (finished)
+                self.store.pause(name)
+        deadline = time.monotonic() + timeout_s
+        last, still_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            progress = [self.store.experiment_status(name) for name in self.names]
+            stored = sum(status.readings for status in progress)
+            open_rounds = sum(status.open_rounds for status in progress)
+            if stored != last or open_rounds:
+                last, still_since = stored, time.monotonic()
+            elif time.monotonic() - still_since >= quiet_s:
+                return True
+            time.sleep(0.2)
+        return False
+
     def failover(self, victim: str, timeout_s: float) -> list[float]:
         """kill -9 `victim`; seconds until each experiment it held was taken over — rebuilt,
         subscribed and driven — by another replica (its ``fleet.taken`` event)."""
@@ -265,7 +291,7 @@ class FleetRig:
         log = JsonLog(self.devices.log.path)
         log.poll()
         applied: dict[tuple[str, int], set[str]] = defaultdict(set)
-        published: set[tuple[str, int, str, int]] = set()
+        published: dict[tuple[str, int, str, int], float] = {}  # -> first published (unix)
         stale = 0
         problems: list[str] = []
         newest: dict[str, int] = {}  # experiment -> the newest epoch applied so far
@@ -284,9 +310,8 @@ class FleetRig:
             elif name == "device.reading_published" and (
                 readings_until is None or _unix(event) < readings_until
             ):
-                published.add(
-                    (event["experiment"], int(event["round"]), event["node"], int(event["seq"]))
-                )
+                key = (event["experiment"], int(event["round"]), event["node"], int(event["seq"]))
+                published.setdefault(key, _unix(event))
             elif name == "device.action_stale_epoch":
                 stale += 1
         stored: set[tuple[str, int, str, int]] = set()
@@ -311,7 +336,7 @@ class FleetRig:
             spent = self.store.ledger(name).spent
             if self.budget_total is not None and spent > self.budget_total + 1e-9:
                 problems.append(f"{name}: spent {spent} of a budget of {self.budget_total}")
-        lost = sorted(published - stored)
+        lost = sorted(published.keys() - stored)
         if lost:
             problems.append(f"{len(lost)} readings published but not stored, e.g. {lost[:3]}")
         return Audit(
@@ -322,6 +347,7 @@ class FleetRig:
             applied=sum(len(ids) for ids in applied.values()),
             stale_dropped=stale,
             problems=problems,
+            lost=[(*key, published[key]) for key in lost],
         )
 
 
@@ -390,7 +416,17 @@ def measure(
         latencies = rig.decision_latencies()
         size = rig.store.size_bytes()
         total = rig.rounds_started()
-        audit = rig.audit(readings_until=time.time() - 2.0)  # older ones had time to land
+        # What a cut-off audit finds now (a reading 2 s old may still wait in a busy replica's
+        # queue), kept beside the audit that counts: after every experiment was paused and the
+        # fleet went quiet, every reading ever published must be in the store.
+        early = rig.audit(readings_until=time.time() - 2.0)
+        quiet = rig.quiesce(timeout_s=60 + experiments * 0.2)
+        audit = rig.audit()
+        if not quiet:
+            audit.problems.append("the fleet did not go quiet within the drain timeout")
+        (workdir / "audit.json").write_text(
+            json.dumps({"before_drain": asdict(early), "after_drain": asdict(audit)}, indent=1)
+        )
         for problem in audit.problems:
             print(f"audit: {problem}", file=sys.stderr)
     return FleetRow(
@@ -408,6 +444,8 @@ def measure(
         window_s=elapsed,
         store_bytes_per_1000_rounds=size / total * 1000 if total else None,
         audit_problems=len(audit.problems),
+        readings_lost=len(audit.lost),
+        readings_unstored_at_cutoff=len(early.lost),
         experiments_owned=sum(owned.values()),
         leases_lapsed=churn,
     )
@@ -472,5 +510,7 @@ def _line(row: FleetRow) -> str:
         f"{row.store:10s} replicas={row.replicas} experiments={row.experiments:5d} "
         f"decisions/s={f(row.decisions_per_s, 1)} p95={f(row.p95_decision_s, 3)} s "
         f"rss/exp={f(row.rss_mb_per_experiment)} MB failover p95={f(row.failover_p95_s)} s "
-        f"(ttl {row.lease_ttl_s:g}) audit problems={row.audit_problems}"
+        f"(ttl {row.lease_ttl_s:g}) lost={row.readings_lost} "
+        f"(unstored at the cut-off: {row.readings_unstored_at_cutoff}) "
+        f"audit problems={row.audit_problems}"
     )
