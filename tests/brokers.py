@@ -1,14 +1,18 @@
-"""Real MQTT brokers for tests: Mosquitto in a subprocess (`connectors.mosquitto`), amqtt
-in-process, and a throwaway PKI for TLS tests.
+"""Real MQTT brokers for tests: Mosquitto in a subprocess (`connectors.mosquitto`), RabbitMQ
+with its MQTT plugin in a subprocess (a node of the test's own), amqtt in-process, and a
+throwaway PKI for TLS tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +33,10 @@ __all__ = [
     "TlsListener",
     "amqtt_broker",
     "find_mosquitto",
+    "find_rabbitmq_server",
     "free_port",
     "generate_test_pki",
+    "rabbitmq_mqtt_broker",
     "shipped_limits",
     "wait_for_port",
 ]
@@ -106,3 +112,113 @@ async def amqtt_broker(
         yield port
     finally:
         await asyncio.wait_for(broker.shutdown(), timeout_s)
+
+
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # Debian's; /usr/sbin's runs `su`
+RABBITMQ_START_S = 90.0  # a node boots in ~15 s on a busy 2-core machine
+RABBITMQ_STOP_S = 30.0
+
+
+def find_rabbitmq_server() -> str | None:
+    """The rabbitmq-server script that starts a node as the calling user, or None.
+
+    Debian's /usr/sbin/rabbitmq-server switches to the `rabbitmq` user (and its node, cookie
+    and directories); the script it wraps honours the RABBITMQ_* variables as it is.
+    """
+    if Path(RABBITMQ_SERVER).is_file():
+        return RABBITMQ_SERVER
+    found = shutil.which("rabbitmq-server")
+    if found is None:
+        return None
+    return None if Path(found).resolve().parent == Path("/usr/sbin") else found
+
+
+@contextlib.contextmanager
+def rabbitmq_mqtt_broker(workdir: Path, timeout_s: float = RABBITMQ_START_S) -> Iterator[str]:
+    """A RabbitMQ node of this test's own, with the MQTT plugin on a free 127.0.0.1 port;
+    yields its MQTT URL (``mqtt://guest:guest@127.0.0.1:PORT``) and stops the node after.
+
+    Nothing is shared with a RabbitMQ already on the machine: its own node name, AMQP,
+    distribution and epmd ports, directories (data, logs, enabled plugins, config) and
+    Erlang cookie (HOME is the work folder); the management plugin stays off.
+
+    Raises:
+        FileNotFoundError: rabbitmq-server is not installed (callers skip).
+        TimeoutError: the MQTT listener did not open within `timeout_s` (the log's tail says why).
+    """
+    server = find_rabbitmq_server()
+    if server is None:
+        raise FileNotFoundError("rabbitmq-server is not installed")
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    mqtt, amqp, dist, epmd = (free_port() for _ in range(4))
+    plugins = workdir / "enabled_plugins"
+    plugins.write_text("[rabbitmq_mqtt].\n")
+    config = workdir / "rabbitmq.conf"
+    config.write_text(
+        f"listeners.tcp.1 = {HOST}:{amqp}\n"
+        f"mqtt.listeners.tcp.1 = {HOST}:{mqtt}\n"
+        "mqtt.allow_anonymous = true\n"
+        "loopback_users = none\n"
+    )
+    env_file = workdir / "rabbitmq-env.conf"  # instead of the machine's /etc/rabbitmq one
+    env_file.write_text("")
+    env = os.environ | {
+        "HOME": str(home),  # the Erlang cookie is made here
+        "RABBITMQ_CONF_ENV_FILE": str(env_file),
+        "RABBITMQ_NODENAME": f"cbo-test-{os.getpid()}-{mqtt}@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": HOST,
+        "RABBITMQ_NODE_PORT": str(amqp),
+        "RABBITMQ_DIST_PORT": str(dist),
+        "ERL_EPMD_ADDRESS": HOST,
+        "ERL_EPMD_PORT": str(epmd),  # an epmd of its own, stopped with the node
+        "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(workdir / "log"),
+        "RABBITMQ_LOGS": "-",
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
+        "RABBITMQ_CONFIG_FILE": str(config),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+        "RABBITMQ_PID_FILE": str(workdir / "rabbitmq.pid"),
+    }
+    log_path = workdir / "rabbitmq.log"
+    with log_path.open("wb") as log:
+        node = subprocess.Popen(
+            [server],
+            env=env,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the node and what it starts
+        )
+    try:
+        try:
+            wait_for_port(mqtt, timeout_s, alive=lambda: node.poll() is None)
+        except (TimeoutError, RuntimeError) as error:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise TimeoutError(f"RabbitMQ's MQTT listener did not open: {error}\n{tail}") from None
+        yield f"mqtt://guest:guest@{HOST}:{mqtt}"
+    finally:
+        _stop_group(node)
+        epmd_tool = shutil.which("epmd")
+        if epmd_tool is not None:  # the epmd the node started on its own port
+            subprocess.run(
+                [epmd_tool, "-kill"],
+                env=env,
+                capture_output=True,
+                timeout=RABBITMQ_STOP_S,
+                check=False,
+            )
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group (beam stops cleanly on it), SIGKILL what is left after."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + RABBITMQ_STOP_S
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=RABBITMQ_STOP_S)

@@ -3,12 +3,11 @@ plugin. A replica subscribes and unsubscribes per experiment as it takes and dro
 needs nothing beyond MQTT 3.1.1; this runs one replica, one device and the control topic
 through RabbitMQ and checks the experiment runs to its round limit.
 
-RabbitMQ is shared on the development machines and its MQTT plugin's default listener (1883) is
-the port the machine's Mosquitto holds, so the test does not enable the plugin itself: it runs
-against ``CBO_TEST_RABBITMQ_MQTT_URL`` (e.g. ``mqtt://guest:guest@127.0.0.1:1884`` after
-``rabbitmq-plugins enable rabbitmq_mqtt`` with ``mqtt.listeners.tcp.default = 1884``), or
-against a RabbitMQ whose ``rabbitmqctl status`` lists an MQTT listener; else it is skipped, and
-says why.
+The test starts a RabbitMQ node of its own (`tests.brokers.rabbitmq_mqtt_broker`: its own node
+name, ports, directories and cookie, the MQTT plugin on a free loopback port) and stops it after;
+a RabbitMQ already running on the machine is left alone. ``CBO_TEST_RABBITMQ_MQTT_URL`` (e.g.
+``mqtt://guest:guest@127.0.0.1:1884``) runs it against an existing listener instead. Skipped,
+saying so, only where rabbitmq-server is not installed.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
-import shutil
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,43 +30,28 @@ from connectors.store import Store
 from core.spec import parse_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
+from tests.brokers import find_rabbitmq_server, rabbitmq_mqtt_broker
 
 WAIT_S = 60.0
 
 
-def rabbitmq_mqtt_url() -> str | None:
-    """The URL of a RabbitMQ MQTT listener, or None (then `why_not` says why)."""
+@pytest.fixture
+def rabbitmq_url(tmp_path: Path) -> Iterator[str]:
     configured = os.environ.get("CBO_TEST_RABBITMQ_MQTT_URL")
     if configured:
-        return configured
-    tool = shutil.which("rabbitmqctl")
-    if tool is None:
-        return None
-    try:
-        status = subprocess.run(
-            [tool, "status"], capture_output=True, text=True, timeout=20, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"Interface: (\S+), port: (\d+), protocol: mqtt\b", status)
-    return None if found is None else f"mqtt://guest:guest@{found[1]}:{found[2]}"
-
-
-def why_not() -> str:
-    if shutil.which("rabbitmq-server") is None:
-        return "RabbitMQ is not installed (apt-get install rabbitmq-server)"
-    return (
-        "RabbitMQ runs without an MQTT listener; not enabled here because the plugin's default "
-        "port 1883 is the machine's Mosquitto: enable rabbitmq_mqtt on another port and set "
-        "CBO_TEST_RABBITMQ_MQTT_URL"
-    )
+        yield configured
+        return
+    if find_rabbitmq_server() is None:
+        pytest.skip("RabbitMQ is not installed (apt-get install rabbitmq-server)")
+    with rabbitmq_mqtt_broker(tmp_path / "rabbitmq") as url:
+        yield url
 
 
 @pytest.mark.integration
-async def test_a_replica_runs_an_experiment_through_rabbitmq(tmp_path: Path) -> None:
-    url = rabbitmq_mqtt_url()
-    if url is None:
-        pytest.skip(why_not())
+async def test_a_replica_runs_an_experiment_through_rabbitmq(
+    rabbitmq_url: str, tmp_path: Path
+) -> None:
+    url = rabbitmq_url
     config = AgentConfig(
         agent_id="rabbit-replica",
         broker=BrokerSection(url=url, protocol="3.1.1"),
