@@ -16,6 +16,7 @@ from agent.cli import build_parser
 from agent.config import load_config
 from tests.test_deploy import (
     DEPLOY,
+    DIGEST_PINNED,
     config_environment_variables,
     kubernetes_versions,
     load_yaml_all,
@@ -119,3 +120,16 @@ def test_kustomize_builds_the_fleet() -> None:
 
 def test_paths_exist() -> None:
     assert Path(FLEET / "kustomization.yaml").is_file() and COMPOSE_FLEET.is_file()
+
+
+def test_the_fleet_postgres_image_is_pinned_by_digest_in_compose_and_kubernetes() -> None:
+    """Third-party images are pinned by digest (the base compose file's rule), and compose and
+    the StatefulSet run the same PostgreSQL."""
+    compose = yaml.safe_load(COMPOSE_FLEET.read_text())
+    for name, service in compose["services"].items():
+        image = service["image"]
+        if not image.startswith("cbo-agent:"):  # ours is built from this repository
+            assert DIGEST_PINNED.fullmatch(image), f"{name}: {image} is not pinned by digest"
+    statefulset = objects()["StatefulSet"]
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == compose["services"]["postgres"]["image"]
