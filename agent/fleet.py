@@ -491,7 +491,19 @@ class FleetService(AgentService):
         if mine is None:
             return
         self.experiments.pop(name, None)
-        self._inboxes.pop(name, None)
+        inbox = self._inboxes.pop(name, None)
+        self._inbox_bytes.pop(name, None)
+        if inbox is not None:
+            # What waits here unread is acknowledged, as input for an experiment not owned is
+            # (`_route`): left unacknowledged, each message would hold a slot of the broker's
+            # in-flight window for this connection until it drops (with churn the window fills
+            # and the replica hears nothing more), and the broker redelivers it only after a
+            # reconnect, to a replica that no longer owns it. The next owner asks the device
+            # again for every round without all its feedback (`_take_over`).
+            while not inbox.empty():
+                item = inbox.get_nowait()
+                if item.connection is not None and item.message is not None:
+                    item.connection.ack(item.message)
         if mine.task is not None and mine.task is not asyncio.current_task():
             mine.task.cancel()
         self.dropped.append((name, why, time.time()))
