@@ -2,12 +2,14 @@
 
 Replica A (a `cbo-agent serve` process) publishes round 0 and is frozen (SIGSTOP) before it can
 read anything; the device, whose persistent session queued the action, applies it and
-publishes its ack and readings while A cannot store them; A is killed (kill -9) and the action
-expires. Replica B then takes the experiment over: the round is open in the store, never
-acknowledged there, and its action has expired — yet the device applied it. B must ask the
-device again (same action id, B's epoch) so that the readings it sent are published again and
-stored; without that they are lost for good. Everything is real and on loopback: Mosquitto, a
-SQLite store shared by the two processes, the simulated device in this process.
+publishes its ack and readings while A cannot store them; A is killed (kill -9) and its
+queued input dies with it, after the action's first expiry has passed. Replica B takes the
+experiment over and finds round 0 open and never acknowledged in the store: recovery restarts
+its ack window, B publishes it again under its own epoch, and the device, seeing a newer epoch
+on an action it applied, acknowledges it again and publishes its readings again (docs/
+protocol.md, "Fencing"). Every reading the device sent must end up in the store, and the
+action must not be applied twice. Everything is real and on loopback: Mosquitto, a SQLite
+store shared by the two processes, the simulated device in this process.
 """
 
 from __future__ import annotations
@@ -117,8 +119,8 @@ async def test_readings_sent_while_the_owner_was_frozen_are_stored_by_the_next(
             a.kill()  # its queued input dies with it
             sent = {(n, node, seq) for n, node, seq in published if n == 0}
 
-            # B arrives once the action has expired: the device applied it, the store never
-            # heard so, and only the device still has the readings
+            # B arrives once the action's first window has passed: the device applied it, the
+            # store never heard so, and only the device still has the readings
             await asyncio.sleep(max(0.0, round0.expires_at + 0.5 - time.time()))
             b = await asyncio.to_thread(rig.start_replica, "replica-b")
             await asyncio.to_thread(b.log.wait_for, "fleet.taken", 30, child=b)
