@@ -13,6 +13,12 @@ store and the devices' logs:
 - no experiment spent more than its budget;
 - no device applied an action of an older epoch after one of a newer (fencing).
 
+The audit that counts runs after `quiesce`: every experiment paused through the control plane
+and the fleet quiet (no round open, no reading stored for 3 s), so a reading still waiting in a
+busy replica's input is not mistaken for a lost one; a cut-off audit taken at the end of the
+window (readings older than 2 s) is kept beside it, in ``audit.json`` with the readings each
+found missing.
+
 `run` measures, per (store, replicas, experiments): decisions per second (rounds started in the
 store per second of the run), the decision latency p95 (the replicas' ``round.published``
 events: last reading of a round → next action), resident memory per experiment (replica RSS
