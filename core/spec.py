@@ -82,7 +82,9 @@ class NodeSpec(_Strict):
         f"(a sensor vector) or `[c, h, w]` (a field), at most {MAX_FIELD_ELEMENTS} elements, "
         "sent as `cbo.reading` version 3. `bounds` and `valid_range` then hold for each "
         "element. An array node has no parents, is fed by the soft actions that target it, and "
-        "is a component of a decomposed reward. null: a scalar node.",
+        "is a component of a decomposed reward, never a parent of a scalar node (MCBO's "
+        "rollouts do not pass a sampled field on to a child's GP: a spec that tries is refused "
+        "by name). null: a scalar node.",
     )
 
     _bounds = field_validator("bounds")(_check_bounds)
@@ -867,8 +869,14 @@ class ExperimentSpec(_Strict):
                 )
             array_parents = [p for p in node.parents if p in arrays]
             if array_parents and node.name != self.reward.node:
+                # MCBO's rollouts pass each node's sampled value to its children through the
+                # children's GP inputs; a field has no such path yet (docs/spec.md). No "; " in
+                # the message: the problems of one validator are joined by it
                 problems.append(
-                    f"nodes[{i}].parents: array nodes {array_parents} feed only the reward"
+                    f"nodes[{i}].parents: array nodes {array_parents} feed only the reward: "
+                    f"a field as a parent of the scalar node {node.name!r} is not supported "
+                    "(make the field a reward component, or report a scalar summary of it as "
+                    "its own node)"
                 )
         reward = self.reward
         if reward.node in arrays:

@@ -112,9 +112,30 @@ def test_array_nodes_feed_only_the_reward_and_have_no_parents() -> None:
     data = spec_with()
     data["nodes"][1]["parents"] = ["temps"]
     assert "feed only the reward" in problems(data)
+    assert "a field as a parent of the scalar node 'power' is not supported" in problems(data)
     data = spec_with()
     data["reward"] = {"node": "temps"}
     assert "cannot be the reward" in problems(data)
     data = spec_with(intervention="hard", target_sets=[["a"]])
     data["actions"][0]["targets"] = ["power"]
     assert "soft experiments" in problems(data)
+
+
+def test_validate_names_a_field_parent_of_a_scalar_node_in_one_line(tmp_path, capsys) -> None:
+    """The limitation (a vector node feeding a scalar node, issue 15) is one line of
+    `cbo-agent validate`, exit 1 as every spec problem, no traceback."""
+    import yaml
+
+    from agent.cli import main
+
+    data = spec_with()
+    data["nodes"][1]["parents"] = ["temps"]
+    path = tmp_path / "field-parent.yaml"
+    path.write_text(yaml.safe_dump({**data, "policy": {"name": "random"}}))
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    lines = [line for line in captured.out.splitlines() if "nodes[1].parents" in line]
+    assert len(lines) == 1
+    assert "array nodes ['temps'] feed only the reward" in lines[0]
+    assert "not supported" in lines[0]
+    assert "Traceback" not in captured.out + captured.err

@@ -105,6 +105,7 @@ class KroneckerGP:
         self.factor_roots = [e.vectors * e.values.sqrt() for e in self._factor_eigen]
         self.root = torch.linalg.cholesky(self._kxx(self.x) + JITTER * torch.eye(len(self.x)))
         self._data_eigen: _Eigen | None = None
+        self._rotated_y: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ structure
     @property
@@ -120,12 +121,30 @@ class KroneckerGP:
             self._data_eigen = _eigh(self._kxx(self.x))
         return self._data_eigen
 
-    def _denominator(self) -> torch.Tensor:
-        """(n, d_2, ..., d_k) λ_X ⊗ λ_2 ⊗ ... ⊗ λ_k + σ²."""
-        out = self.data_eigen().values
+    @property
+    def factor_eigen(self) -> list[_Eigen]:
+        """The eigendecompositions K_i = Q_i Λ_i Q_iᵀ of the output factors (fixed)."""
+        return self._factor_eigen
+
+    def output_values(self) -> torch.Tensor:
+        """(d_2, ..., d_k) λ_2 ⊗ ... ⊗ λ_k: the eigenvalues of K_T = ⊗ K_i on the output grid."""
+        out = torch.ones((), dtype=torch.float64)
         for eigen in self._factor_eigen:
             out = out.unsqueeze(-1) * eigen.values
-        return out + self.noise
+        return out
+
+    def _denominator(self) -> torch.Tensor:
+        """(n, d_2, ..., d_k) λ_X ⊗ λ_2 ⊗ ... ⊗ λ_k + σ²."""
+        values = self.data_eigen().values.reshape(-1, *([1] * len(self.shape)))
+        return values * self.output_values() + self.noise
+
+    def rotated_y(self) -> torch.Tensor:
+        """(n, d_2, ..., d_k) (Q_X ⊗ Q_2 ⊗ ... ⊗ Q_k)ᵀ vec y: the data in the eigenbasis
+        (recomputed after new data)."""
+        if self._rotated_y is None:
+            qs = [e.vectors.T for e in self._factor_eigen]
+            self._rotated_y = mode_product(self.y, [self.data_eigen().vectors.T, *qs])
+        return self._rotated_y
 
     # ------------------------------------------------------------------ learning
     def learn_one(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -145,6 +164,7 @@ class KroneckerGP:
         self.x = torch.cat([self.x, x])
         self.y = torch.cat([self.y, y.to(torch.float64).unsqueeze(0)])
         self._data_eigen = None
+        self._rotated_y = None
 
     # ------------------------------------------------------------------ algebra
     def solve(self, rhs: torch.Tensor) -> torch.Tensor:

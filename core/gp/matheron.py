@@ -2,22 +2,43 @@
 
 A joint prior sample over (training inputs X, test inputs x*) is corrected by the data:
 
-    (f_X, f_*) = ([[R, 0], [L12, L22]] ⊗ L_T) z,      R Rᵀ = K_XX, L_T = ⊗ L_i
-    L12 = (R⁻¹ K_X*)ᵀ,   L22 L22ᵀ = K_** − L12 L12ᵀ
+    (f_X, f_*) = ([[R, 0], [L12, L22]] ⊗ L_T) z,      R Rᵀ = K_XX, L_T L_Tᵀ = K_T = ⊗ K_i
+    L12 = K_*X R⁻ᵀ,   L22 L22ᵀ = K_** − L12 L12ᵀ
     sample = f_* + (K_*X ⊗ K_T)(K_XX ⊗ K_T + σ² I)⁻¹ (y − f_X − ε),   ε ~ N(0, σ² I)
 
-The solve is the Kronecker eigen-solve, so a sample costs O(n³ + Σ d_i³ + n t (n + Σ d_i)),
-additive in n and t, instead of the O((n_test t)³) of a Cholesky of the joint covariance. With
-fixed base samples (z_X, ε) the corrected weights V = K_T-weighted solve do not depend on x*:
-`MatheronSamples` computes them once and reuses them for every candidate an acquisition
-optimizer asks about (sample-average approximation on fixed base samples).
+Any roots R, L_T serve (the joint prior only depends on R Rᵀ and L_T L_Tᵀ). This module takes
+the eigen roots R = Q_X (Λ_X + j)^½ (j the jitter of `KroneckerGP`'s root), L_T = Q_T Λ_T^½
+with Q_T = ⊗ Q_i, Λ_T = ⊗ Λ_i, because then every (n t)-sized step is diagonal in the eigenbasis
+(Q_X ⊗ Q_T), where the noise is isotropic too (ε' = (Q_X ⊗ Q_T)ᵀ ε ~ N(0, σ² I)):
+
+    (Q_X ⊗ Q_T)ᵀ f_X = (Λ_X + j)^½ ⊗ Λ_T^½ ∘ z_X                          (elementwise)
+    (K_*X ⊗ K_T)(K_XX ⊗ K_T + σ²I)⁻¹ r = (K_*X Q_X ⊗ Q_T) [Λ_T ∘ (Q_X ⊗ Q_T)ᵀ r / D],
+                                          D = Λ_X ⊗ Λ_T + σ²
+    (L12 ⊗ L_T) z_X = (K_*X Q_X ⊗ Q_T) [(Λ_X + j)^-½ ⊗ Λ_T^½ ∘ z_X]
+
+so that, writing B = K_*X Q_X (m × n), ỹ = (Q_X ⊗ Q_T)ᵀ y and u = λ_X + j,
+
+    sample = (B ⊗ Q_T) C + (L22 ⊗ Q_T Λ_T^½) z_*,
+    C = Λ_T ỹ / D + a ∘ z_X + b ∘ ε'/σ,
+    a = Λ_T^½ u^-½ (D − Λ_T u) / D = Λ_T^½ u^-½ (σ² − j Λ_T) / D,   b = −σ Λ_T / D.
+
+C (n × t per sample) does not depend on x*: it holds the sample's prior on X, its noise and the
+data's correction — the "fixed base samples" of the sample-average approximation — and is
+computed once. Its entries are independent Gaussians (z_X and ε' are), so it is drawn in one
+pass as C = Λ_T ỹ / D + √(a² + b²) ∘ z: the same distribution as the two draws, half the
+random numbers. A sample at m test points then costs one (m × n)(n × t) product and the output
+rotations Q_i, O(m t (n + Σ d_i)) per sample; nothing of size (n t)² is formed, the only
+decompositions are the eigendecompositions of K_XX (n × n, cached by the model) and of the
+factors (d_i × d_i), and the m × m Cholesky of each test set's L22. The distribution is exactly
+that of Matheron's rule with the Cholesky root (tests/test_gp_kronecker.py compares both with
+the dense posterior).
 """
 
 from __future__ import annotations
 
 import torch
 
-from core.gp.kronecker import KroneckerGP, data_product, mode_product
+from core.gp.kronecker import JITTER, KroneckerGP, mode_product
 
 __all__ = ["MatheronSamples"]
 
@@ -37,37 +58,49 @@ class MatheronSamples:
         self.gp = gp
         self.samples = samples
         self.generator = generator
-        shape = (samples, gp.n, *gp.shape)
-        z_train = self._normal(shape)
-        noise = self._normal(shape) * gp.noise**0.5
-        # z ×_i L_i once: the training part of every joint prior sample
-        self.z_train_roots = mode_product(z_train, gp.factor_roots)  # (S, n, *shape)
         self.outputs = len(gp.shape)
-        prior_train = data_product(self.z_train_roots, gp.root, self.outputs)
-        residual = gp.y - prior_train - noise
-        self.weights = mode_product(gp.solve(residual), gp.factors)  # (S, n, *shape)
-        self._z_single = self._normal((samples, 1, *gp.shape))
+        data = gp.data_eigen()
+        self._q_x = data.vectors  # (n, n)
+        self._u_inv_sqrt = (data.values + JITTER).rsqrt()  # (n,) (λ_X + j)^-½
+        self._q_out = [e.vectors for e in gp.factor_eigen]  # Q_i (d_i, d_i)
+        lam_t = gp.output_values()  # (*shape)
+        self._lam_t_sqrt = lam_t.sqrt()
+        lam_x = data.values.reshape(-1, *([1] * self.outputs))  # (n, 1, ..., 1)
+        denominator = lam_x * lam_t + gp.noise  # D (n, *shape)
+        a = self._lam_t_sqrt * self._u_inv_sqrt.reshape(lam_x.shape)
+        a = a * (gp.noise - JITTER * lam_t) / denominator
+        b = gp.noise**0.5 * lam_t / denominator
+        spread = (a * a + b * b).sqrt()  # (n, *shape)
+        mean = lam_t * gp.rotated_y() / denominator  # (n, *shape)
+        # C = mean + spread ∘ z, built in place on the one (S, n, *shape) draw
+        self.paths = self._normal((samples, gp.n, *gp.shape)).mul_(spread).add_(mean)
+        self._z_single = self._normal((samples, 1, *gp.shape)) * self._lam_t_sqrt
 
     def _normal(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator, dtype=torch.float64)
 
-    def _l12(self, cross: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.solve_triangular(self.gp.root, cross.T, upper=False).T  # (m, n)
+    def _project(self, b: torch.Tensor, test: torch.Tensor) -> torch.Tensor:
+        """(S, m, *shape) (B ⊗ Q_T) C + (I ⊗ Q_T) test, for B (m, n) and `test` (S, m, *shape)
+        the test part in the output eigenbasis."""
+        n, t = self.gp.n, test[0, 0].numel()
+        flat = b @ self.paths.reshape(self.samples, n, t)  # (S, m, t): a batched GEMM, no copy
+        rotated = flat.reshape(test.shape) + test
+        return mode_product(rotated, self._q_out)
 
     def joint(self, x_test: torch.Tensor) -> torch.Tensor:
         """(S, m, *shape) samples of f at the m points of x_test, jointly (standardized units)."""
         gp = self.gp
-        cross = gp.cross(x_test)  # (m, n)
-        l12 = self._l12(cross)
-        kss = gp.kernel(x_test.to(torch.float64), x_test.to(torch.float64)).to(torch.float64)
+        x64 = x_test.to(torch.float64)
+        b = gp.cross(x64) @ self._q_x  # (m, n) K_*X Q_X
+        l12 = b * self._u_inv_sqrt  # (m, n) K_*X R⁻ᵀ with R = Q_X (Λ_X + j)^½
+        kss = gp.kernel(x64, x64).to(torch.float64)
         schur = kss - l12 @ l12.T
         eye = torch.eye(len(x_test), dtype=torch.float64)
         l22 = torch.linalg.cholesky(0.5 * (schur + schur.T) + _JITTER * eye)
-        z_test = self._normal((self.samples, len(x_test), *gp.shape))
-        k = self.outputs
-        test_part = data_product(mode_product(z_test, gp.factor_roots), l22, k)
-        prior = data_product(self.z_train_roots, l12, k) + test_part
-        return prior + data_product(self.weights, cross, k)
+        m, t = len(x_test), self._lam_t_sqrt.numel()
+        z_test = self._normal((self.samples, m, *gp.shape)) * self._lam_t_sqrt
+        test = (l22 @ z_test.reshape(self.samples, m, t)).reshape(z_test.shape)
+        return self._project(b, test)
 
     def marginal(self, x_test: torch.Tensor) -> torch.Tensor:
         """(S, b, *shape) samples at each of b points on its own (q = 1 acquisitions), the
@@ -77,13 +110,10 @@ class MatheronSamples:
         Each point's joint root is [[R, 0], [l12, r]] with r = √(k(x, x) − |l12|²).
         """
         gp = self.gp
-        cross = gp.cross(x_test)  # (b, n)
-        l12 = self._l12(cross)
         x64 = x_test.to(torch.float64)
+        b = gp.cross(x64) @ self._q_x  # (b, n)
+        l12 = b * self._u_inv_sqrt
         prior_var = torch.diagonal(gp.kernel(x64, x64)).to(torch.float64)
         r = (prior_var - (l12 * l12).sum(-1)).clamp_min(_JITTER).sqrt()
-        single = mode_product(self._z_single, gp.factor_roots)  # (S, 1, *shape)
-        view = (1, -1, *([1] * len(gp.shape)))
-        k = self.outputs
-        prior = data_product(self.z_train_roots, l12, k) + single * r.reshape(view)
-        return prior + data_product(self.weights, cross, k)
+        view = (1, -1, *([1] * self.outputs))
+        return self._project(b, self._z_single * r.reshape(view))
