@@ -227,7 +227,7 @@ class BackgroundRefits:
     ) -> None:
         self.exp = exp
         self._wake = wake
-        self._worker = worker
+        self.worker = worker
         self._task: asyncio.Task[None] | None = None
         self._ready: list[tuple[str, Any]] = []
         # tests and benchmarks read these: jobs started, results installed (one per member of
@@ -237,6 +237,7 @@ class BackgroundRefits:
         self.installed = 0
         self.install_seconds: list[float] = []
         self.install_rows: list[int] = []
+        self.install_at: list[float] = []  # time.time() of each install
 
     @property
     def running(self) -> bool:
@@ -280,10 +281,10 @@ class BackgroundRefits:
 
     async def _refit(self, key: str, job: RefitJob) -> RefitResult | None:
         """Fit one part, then factorize it over the rows held by then (None: it went stale)."""
-        if self._worker is None:
+        if self.worker is None:
             fit = (await asyncio.to_thread(_fit_in_thread, {key: job}))[key]
         else:
-            fit = (await self._worker.fit({key: job}))[key]
+            fit = (await self.worker.fit({key: job}))[key]
         model, result = self.exp.model, None
         for _ in range(self.PASSES):
             fresh = model.refresh_job(key, job)
@@ -328,6 +329,7 @@ class BackgroundRefits:
             self.installed += 1
             self.install_seconds.append(time.perf_counter() - started)
             self.install_rows.append(late)
+            self.install_at.append(time.time())
             exp.log.debug("model.installed", seconds=self.install_seconds[-1], late_rows=late)
         return True
 
