@@ -167,7 +167,6 @@ async def _measure(
         await _until(task, lambda: service.link.connected)
         observations = service.experiments[spec.name].model.gp.num_observations.tolist()
         refits = service.refits.get(spec.name)
-        window_start = time.time()
         rows = [r.model_dump(mode="json") for r in fresh]
         publisher = multiprocessing.get_context("spawn").Process(
             target=_publish_paced,
@@ -176,7 +175,7 @@ async def _measure(
         )
         publisher.start()
         await _until(task, lambda: len(latencies) >= len(fresh) or task.done())
-        window_s = time.time() - window_start
+        ended = time.time()
         await asyncio.to_thread(publisher.join, 30)
     finally:
         task.cancel()
@@ -184,6 +183,8 @@ async def _measure(
             await task
     # getattr: the same benchmark runs against the service before these counters existed
     worker = getattr(refits, "worker", None)
+    window_start = min(stamps, default=ended)  # the first reading's publication
+    window_s = ended - window_start
     installed = refits.installed if refits is not None else 0
     return LearnLatency(
         mode=mode,
