@@ -63,8 +63,18 @@ class LearnLatency:
     max_ms: float
     transit_p50_ms: float  # publish -> routed by the agent: broker and client stack
     transit_p99_ms: float
-    refits_installed: int  # jobs swapped in (beside) during the run
+    refits_installed: int  # results swapped in (beside: one per node refitted) in the window
+    window_s: float = 0.0  # first reading published -> last one learned
+    workers_alive_at_start: int = 0  # processes of earlier repeats still running at the start
+    refits_started: int = 0  # jobs started in the window (each refits its due nodes in turn)
+    fits_finished: int = 0  # fits the fit process finished in the window
+    fits_ended: int = 0  # fits ended unfinished (at the service's stop)
+    install_ms: list[float] = field(default_factory=list)  # the loop's time per install
+    install_rows: list[int] = field(default_factory=list)  # rows appended/forgotten per install
+    install_at_s: list[float] = field(default_factory=list)  # when, from the window's start
     latencies_ms: list[float] = field(repr=False, default_factory=list)
+    # (published at, from the window's start, s; latency, ms) per reading: the timeline
+    timeline: list[tuple[float, float]] = field(repr=False, default_factory=list)
 
 
 def _spec(env: str, rounds: int) -> ExperimentSpec:
@@ -135,10 +145,15 @@ async def _measure(
     fresh = [r for r in readings if r.round >= history]
     latencies: list[float] = []
     transits: list[float] = []
+    stamps: list[float] = []
 
     def learned(_: str, batch: list[tuple[Reading, float]], at: float) -> None:
         latencies.extend(1000.0 * (at - reading.at) for reading, _ in batch)
         transits.extend(1000.0 * (routed - reading.at) for reading, routed in batch)
+        stamps.extend(reading.at for reading, _ in batch)
+
+    # fit processes of earlier repeats still alive now would compete with this one for the cores
+    alive = len(multiprocessing.active_children())
 
     config = AgentConfig(
         agent_id=f"bench-latency-{mode}-{repeat}",
@@ -151,6 +166,7 @@ async def _measure(
     try:
         await _until(task, lambda: service.link.connected)
         observations = service.experiments[spec.name].model.gp.num_observations.tolist()
+        refits = service.refits.get(spec.name)
         rows = [r.model_dump(mode="json") for r in fresh]
         publisher = multiprocessing.get_context("spawn").Process(
             target=_publish_paced,
@@ -159,12 +175,17 @@ async def _measure(
         )
         publisher.start()
         await _until(task, lambda: len(latencies) >= len(fresh) or task.done())
+        ended = time.time()
         await asyncio.to_thread(publisher.join, 30)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    refits = service.refits.get(spec.name)
+    # getattr: the same benchmark runs against the service before these counters existed
+    worker = getattr(refits, "worker", None)
+    window_start = min(stamps, default=ended)  # the first reading's publication
+    window_s = ended - window_start
+    installed = refits.installed if refits is not None else 0
     return LearnLatency(
         mode=mode,
         repeat=repeat,
@@ -176,8 +197,17 @@ async def _measure(
         max_ms=max(latencies, default=float("nan")),
         transit_p50_ms=_quantile(transits, 0.50),
         transit_p99_ms=_quantile(transits, 0.99),
-        refits_installed=refits.installed if refits is not None else 0,
+        refits_installed=installed,
+        window_s=window_s,
+        workers_alive_at_start=alive,
+        refits_started=refits.started if refits is not None else 0,
+        fits_finished=getattr(worker, "fits", -1),
+        fits_ended=getattr(worker, "ended", -1),
+        install_ms=[1000.0 * s for s in getattr(refits, "install_seconds", [])],
+        install_rows=list(getattr(refits, "install_rows", [])),
+        install_at_s=[at - window_start for at in getattr(refits, "install_at", [])],
         latencies_ms=latencies,
+        timeline=[(at - window_start, ms) for at, ms in zip(stamps, latencies, strict=True)],
     )
 
 
@@ -270,6 +300,41 @@ def run(
         ],
         console,
     )
+    print_table(
+        "Per window: latency, and what the refits did in it",
+        [
+            "mode",
+            "repeat",
+            "window s",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "workers alive at start",
+            "jobs started",
+            "installed",
+            "install ms (max)",
+            "late rows (max)",
+            "fits ended",
+        ],
+        [
+            (
+                r.mode,
+                r.repeat + 1,
+                f"{r.window_s:.1f}",
+                r.p50_ms,
+                r.p99_ms,
+                r.max_ms,
+                r.workers_alive_at_start,
+                r.refits_started,
+                r.refits_installed,
+                max(r.install_ms, default=float("nan")),
+                max(r.install_rows, default=0),
+                r.fits_ended,
+            )
+            for r in results
+        ],
+        console,
+    )
     if json_path is not None:
         write_json(
             json_path,
@@ -281,6 +346,7 @@ def run(
                 "rate_per_s": rate,
                 "broker": shipped.describe(),
                 "summary": summary,
+                # each run's timeline: (published at s from the window's start, latency ms)
                 "runs": [
                     {k: v for k, v in asdict(r).items() if k != "latencies_ms"} for r in results
                 ],

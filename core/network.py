@@ -375,6 +375,21 @@ class NetworkModel:
         jobs |= {f"field:{node}": field.refit_job() for node, field in self.fields.items()}
         return {key: job for key, job in jobs.items() if job is not None}
 
+    def _refit_gp(self, key: str) -> IncrementalGP:
+        gp = self.gp if key == "nodes" else self._flat
+        if gp is None:
+            raise KeyError(f"no GP {key!r} to install a refit in")
+        return gp
+
+    def refresh_job(self, key: str, job: RefitJob) -> RefitJob | None:
+        """`refit_jobs()[key]` (or a part of it) over the rows held now; None when stale (see
+        `IncrementalGP.refresh_job`)."""
+        return self._refit_gp(key).refresh_job(job)
+
+    def late_rows(self, key: str, job: RefitJob) -> int:
+        """Rows `install` would append or forget for `job` now (`IncrementalGP.late_rows`)."""
+        return self._refit_gp(key).late_rows(job)
+
     def install(self, key: str, result: RefitResult | FieldRefitResult) -> LearnReport:
         """Swap in the result of `refit_jobs()[key]` (see `IncrementalGP.install`,
         `FieldModel.install`)."""
@@ -383,10 +398,7 @@ class NetworkModel:
             self.fields[key.removeprefix("field:")].install(result)
             return LearnReport(torch.zeros(0, dtype=self.dtype))
         assert isinstance(result, RefitResult)
-        gp = self.gp if key == "nodes" else self._flat
-        if gp is None:
-            raise KeyError(f"no GP {key!r} to install a refit in")
-        return gp.install(result)
+        return self._refit_gp(key).install(result)
 
     def learn(
         self, intervention: Intervention, readings: Readings, *, refit: bool = True

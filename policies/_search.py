@@ -44,6 +44,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,8 @@ class SearchSettings(PolicySettings):
             `SearchPolicy._search_joint`): one acquisition call then serves every region, so the
             time of a proposal is about this many calls, warm starts carry last round's optima
             and the raw phase spreads the starts over the regions.
+        region_threads: regions solved at once, in threads, where the problem allows it
+            (`Problem.solves_in_threads`: MCBO's η-net training); 1 solves them one by one.
     """
 
     max_seconds: float = Field(default=10.0, gt=0)
@@ -104,6 +107,7 @@ class SearchSettings(PolicySettings):
     screen_samples: int = Field(default=32, ge=1)
     warm_starts: int = Field(default=2, ge=0)
     joint_maxiter: int = Field(default=30, ge=1)
+    region_threads: int = Field(default=2, ge=1)
 
 
 @dataclass
@@ -174,6 +178,12 @@ class Problem(ABC):
     def evaluate_raw(self, region: Region, x: torch.Tensor) -> torch.Tensor:
         """A cheaper stand-in for `evaluate` that only ranks raw samples (default: evaluate)."""
         return self.evaluate(region, x)
+
+    def solves_in_threads(self, region: Region) -> bool:
+        """Whether `solve` of this region may run in a thread beside another region's (pure
+        torch, no state shared between regions; default no: BoTorch's L-BFGS-B goes through
+        scipy)."""
+        return False
 
     def initial_points(self, region: Region, timeout: float) -> torch.Tensor | None:
         """(k, F + E) extra L-BFGS-B starts (e.g. EI-FN's posterior-mean maximizer)."""
@@ -315,6 +325,9 @@ class SearchPolicy(Policy):
         joint = self._joint(problem, regions, scorer)
         if joint is not None:
             return self._search_joint(problem, regions, joint, deadline, rng)
+        threads = min(self.settings.region_threads, len(regions))
+        if threads > 1 and all(problem.solves_in_threads(region) for region in regions):
+            return self._search_threads(problem, regions, scorer, deadline, rng, threads)
         best: tuple[Region, Solution] | None = None
         timed_out = False
         solved = 0
@@ -331,6 +344,46 @@ class SearchPolicy(Policy):
                 best = (region, solution)
         assert best is not None
         return best, solved, timed_out
+
+    def _search_threads(
+        self,
+        problem: Problem,
+        regions: list[Region],
+        scorer: Scorer,
+        deadline: Deadline,
+        rng: torch.Generator,
+        threads: int,
+    ) -> tuple[tuple[Region, Solution], int, bool]:
+        """The regions solved `threads` at a time, in threads of their own.
+
+        For solves that are many small torch operations (MCBO's η-net training at tens of
+        observations: a step's tensors are a few thousand elements, so its time is per-operation
+        overhead, much of it outside the interpreter lock — measured on psagraph: 4× fewer rows
+        per step saved a fifth of the time), two regions at once use the second core that
+        torch's own thread pool leaves idle at these sizes. Each region gets the seed and the
+        remembered starts the sequential search would give it, and the results are compared in
+        the same order, so the proposal does not depend on which thread finishes first.
+        """
+        seeds = [seed_from(rng) for _ in regions]
+        timeout = deadline.remaining() * threads / len(regions)
+        intra = torch.get_num_threads()
+
+        def solve(region: Region, seed: int) -> Solution:
+            torch.set_num_threads(1)  # the threads are the parallelism; no pool under them
+            return problem.solve(region, scorer, deadline, timeout, seed)
+
+        try:
+            with ThreadPoolExecutor(threads, thread_name_prefix="region") as pool:
+                solutions = list(pool.map(solve, regions, seeds))
+        finally:
+            torch.set_num_threads(intra)
+        best: tuple[Region, Solution] | None = None
+        for region, solution in zip(regions, solutions, strict=True):
+            self.remember(region, solution.memory)
+            if best is None or solution.score > best[1].score:
+                best = (region, solution)
+        assert best is not None
+        return best, len(regions), any(s.timed_out for s in solutions)
 
     def _joint(
         self, problem: Problem, regions: list[Region], scorer: Scorer

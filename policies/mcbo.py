@@ -247,6 +247,11 @@ class _MCBOProblem(Problem):
         solution.info["eta"] = mode
         return solution
 
+    def solves_in_threads(self, region: Region) -> bool:
+        """Network-η regions train by Adam in torch alone, each with its own generator and
+        nets: they may train side by side (`SearchPolicy._search_threads`)."""
+        return self.policy.eta_mode(self.model, region.set_actions) == "network"
+
     def _train(
         self, region: Region, scorer: Scorer, deadline: Deadline, timeout: float, seed: int
     ) -> Solution:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -16,8 +17,10 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from agent.refits import FitWorker
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig
+from core.gp.refit import RefitJob
 from core.network import NetworkModel
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
@@ -79,8 +82,7 @@ from agent.refits import FitWorker
 if __name__ == "__main__":
     worker = FitWorker()
     worker.warm()
-    future = worker._started().submit(os.getpid)
-    print(future.result(timeout=120), flush=True)
+    print(worker.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -107,3 +109,50 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _slow_job() -> dict[str, RefitJob]:
+    """A fit of one member at n = 1,500: tens of seconds of a core (it is ended long before)."""
+    gen = torch.Generator().manual_seed(0)
+    n = 1500
+    z = torch.rand(n, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(6 * z[:, 0]) + z[:, 1] + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    one = torch.ones(1, dtype=torch.float64)
+    job = RefitJob(
+        members=[0],
+        fit=[True],
+        z=[z],
+        y=[y],
+        dims=[2],
+        lengthscale=torch.full((1, 2), 0.5, dtype=torch.float64),
+        outputscale=one,
+        learned_noise=one * 1e-2,
+        known_noise=one * math.nan,
+        jitter=one * 0.0,
+        kernel="matern52",
+        priors="gamma",
+        epochs=[0],
+        forgotten=[0],
+    )
+    return {"nodes": job}
+
+
+async def test_a_cancelled_fit_ends_with_its_process_and_close_ends_the_worker():
+    """A fit nobody waits for must not keep a core busy (a stopped service's fits once ran on
+    beside the next service); the next fit starts a fresh process, and close ends it."""
+    worker = FitWorker()
+    worker.warm()
+    first = worker.pid
+    assert first is not None
+    fit = asyncio.create_task(worker.fit(_slow_job()))
+    await asyncio.sleep(3.0)  # the job is in the process (or its imports), not finished
+    assert not fit.done()
+    fit.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await fit
+    assert worker.ended == 1 and worker.pid is None and not _alive(first)
+    worker.warm()
+    second = worker.pid
+    assert second is not None and second != first
+    worker.close()
+    assert worker.pid is None and not _alive(second)

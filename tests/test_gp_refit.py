@@ -8,7 +8,7 @@ import torch
 
 import core.gp.rebuild
 from core.gp import GPConfig, IncrementalGP
-from core.gp.refit import run_refit
+from core.gp.refit import factorize_job, fit_job, run_refit
 from tests.test_gp_exact import Shadow, assert_matches, draw_point
 
 BOUNDS = torch.tensor([[[0.0, 1.0], [-2.0, 2.0]], [[0.0, 5.0], [0.0, 1.0]]], dtype=torch.float64)
@@ -106,16 +106,70 @@ def test_stale_result_is_refused_and_due_again():
     assert_matches(model, shadow, _queries(gen, shadow))
 
 
-def test_window_forgetting_meanwhile_rebuilds_with_new_values():
-    gen = torch.Generator().manual_seed(9)
+@pytest.mark.parametrize("late", [1, 3, 14])
+def test_window_forgetting_meanwhile_forgets_again_without_a_rebuild(late, monkeypatch):
+    """Rows the window forgot while the job ran are removed again on install, one O(n²) update
+    each, and the rows that came are appended: the exact GP of the window, no O(n³) rebuild."""
+    gen = torch.Generator().manual_seed(9 + late)
     model, shadow = _model(window=15)
     _learn(model, shadow, gen, 15)
     job = model.refit_job()
-    _learn(model, shadow, gen, 3)  # the window forgets the job's oldest rows
+    _learn(model, shadow, gen, late)  # the window forgets the job's oldest rows
     result = run_refit(job)
+    assert model.late_rows(job) == late
+    monkeypatch.setattr(model, "_rebuild", _no_rebuild)
     model.install(result)
     assert torch.equal(model.outputscale[job.members], result.outputscale)
     assert_matches(model, shadow, _queries(gen, shadow))
+
+
+def test_window_forgetting_every_snapshot_row_rebuilds():
+    gen = torch.Generator().manual_seed(4)
+    model, shadow = _model(window=6)
+    _learn(model, shadow, gen, 8)
+    job = model.refit_job()
+    _learn(model, shadow, gen, 9)  # more than the window: nothing of the snapshot is left
+    model.install(run_refit(job))
+    assert_matches(model, shadow, _queries(gen, shadow))
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_factorizing_a_refreshed_copy_leaves_only_the_last_rows_to_install(window, monkeypatch):
+    """The agent's way: fit on the job's rows, factorize over the rows held when the fit is
+    back (`refresh_job`), then install: the exact GP of every row, one member at a time."""
+    gen = torch.Generator().manual_seed(11)
+    model, shadow = _model(window=window)
+    _learn(model, shadow, gen, 20)
+    job = model.refit_job()
+    assert job is not None and len(job.members) == 2
+    for part in job.split():
+        fit = fit_job(part)
+        _learn(model, shadow, gen, 7)  # rows (and, with the window, drops) during the fit
+        fresh = model.refresh_job(part)
+        assert fresh is not None and model.late_rows(fresh) == 0
+        result = factorize_job(fresh, fit)
+        _learn(model, shadow, gen, 2)  # rows during the factorization
+        assert model.late_rows(fresh) == 2
+        monkeypatch.setattr(model, "_rebuild", _no_rebuild)
+        report = model.install(result)
+        monkeypatch.undo()
+        assert report.rebuilt == part.members
+        assert torch.equal(model.lengthscale[part.members], fit.lengthscale)
+        assert_matches(model, shadow, _queries(gen, shadow))
+
+
+def test_a_refresh_of_a_stale_job_is_refused_and_due_again():
+    gen = torch.Generator().manual_seed(6)
+    model, shadow = _model()
+    _learn(model, shadow, gen, 12)
+    job = model.refit_job()
+    model.rebuild()  # a change the copy cannot follow
+    assert model.refresh_job(job) is None
+    assert model.refit_due[0]
+
+
+def _no_rebuild(members):
+    raise AssertionError(f"an O(n³) rebuild of {members} on install")
 
 
 def test_drift_waits_for_a_job_in_deferred_mode():

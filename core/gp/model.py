@@ -58,7 +58,7 @@ from core.gp.posterior import FactorCache, GPPosterior, in_output_units, latent_
 from core.gp.rebuild import add_jitter, refactorize
 from core.gp.refit import RefitJob, RefitResult, effective_noise, fit_member
 from core.gp.standardize import drifted, recount, restandardize
-from core.gp.window import apply_window
+from core.gp.window import apply_window, forget_oldest
 
 __all__ = ["IncrementalGP"]
 
@@ -617,17 +617,57 @@ class IncrementalGP:
             forgotten=[self._forgotten[j] for j in listed],
         )
 
+    def refresh_job(self, job: RefitJob) -> RefitJob | None:
+        """The job over its members' rows as they are now (for the factorization after a fit).
+
+        A fit takes seconds to minutes at n in the thousands; the rows that came meanwhile (and
+        the oldest ones a window forgot meanwhile) are then the factorization's business, in
+        the refit's thread, not the install's on the caller's. None when a member changed in a
+        way the copy cannot follow (its epoch moved): the job's members are then due again.
+        """
+        if any(self._epochs[j] != job.epochs[k] for k, j in enumerate(job.members)):
+            for k, j in enumerate(job.members):
+                self._requeue(j, job.fit[k])
+            return None
+        real, buffers = self._buffers.real, self._buffers
+        return job.with_rows(
+            z=[buffers.z[j, : real[j]].clone() for j in job.members],
+            y=[buffers.y[j, : real[j]].clone() for j in job.members],
+            forgotten=[self._forgotten[j] for j in job.members],
+        )
+
+    def late_rows(self, job: RefitJob) -> int:
+        """The most rows a member of `job` learned or forgot since its rows were copied: what
+        `install` appends (O(n²) each) or removes (O(n²) each) on the caller's thread."""
+        real = self._buffers.real
+        return max(
+            (
+                max(
+                    real[j] + self._forgotten[j] - job.rows[k] - job.forgotten[k],
+                    self._forgotten[j] - job.forgotten[k],
+                )
+                for k, j in enumerate(job.members)
+            ),
+            default=0,
+        )
+
+    def _requeue(self, member: int, fit: bool) -> None:
+        """A stale job's member: its refit (or restandardization) is due again."""
+        self._refit_due[member] = self._refit_due[member] or fit
+        self._drift_due[member] = self._drift_due[member] or not fit
+
     @torch.no_grad()
     def install(self, result: RefitResult) -> LearnReport:
-        """Swap in a refit done beside the model, then append the rows that came meanwhile.
+        """Swap in a refit done beside the model, then bring it up to the rows held now.
 
         Per member: its hyperparameters, standardization and jitter become the result's, its
-        factor the result's for the snapshot's n₀ rows, and its rows n₀..n are appended again
-        with them (one block, O(k·n²)): exactly the model a refit of the snapshot's rows and
-        then those appends would give. A member changed in a way the copy cannot follow since
-        the job was made (new hyperparameters, a rebuild) keeps its state and is due again; one
-        whose oldest rows the window forgot meanwhile takes the new values and is rebuilt from
-        its rows (O(n³), bounded by the window).
+        factor the result's for the snapshot's n₀ rows; the d oldest of them that the window
+        forgot since the snapshot are removed again (`forget_oldest`, O(n²) each) and the rows
+        that came since are appended again (one block, O(k·n²)): exactly the model a refit of
+        the snapshot's rows and then those appends and removals would give. Nothing here is
+        O(n³) unless the window forgot every row of the snapshot (then the member is rebuilt).
+        A member changed in a way the copy cannot follow since the job was made (new
+        hyperparameters, a rebuild) keeps its state and is due again.
 
         Returns:
             A `LearnReport`: refit, refit_failed and rebuilt name the members swapped in.
@@ -635,29 +675,36 @@ class IncrementalGP:
         job, buffers = result.job, self._buffers
         installed, resync, late = [], [], [[] for _ in range(self.batch)]
         late_z = [None] * self.batch
+        forget = [0] * self.batch
         with self._pending_detached():
             for k, j in enumerate(job.members):
                 if self._epochs[j] != job.epochs[k]:  # stale: try again with what is there now
-                    self._refit_due[j] = self._refit_due[j] or job.fit[k]
-                    self._drift_due[j] = self._drift_due[j] or not job.fit[k]
+                    self._requeue(j, job.fit[k])
                     continue
                 installed.append(j)
                 self._take_values(result, k, j)
                 n0, n = job.rows[k], buffers.real[j]
-                if self._forgotten[j] != job.forgotten[k]:
+                dropped = self._forgotten[j] - job.forgotten[k]
+                if dropped >= n0:  # nothing of the snapshot is left
                     resync.append(j)
                     continue
-                late_z[j] = buffers.z[j, n0:n].clone()
-                late[j] = buffers.y[j, n0:n].tolist()
+                late_z[j] = buffers.z[j, n0 - dropped : n].clone()
+                late[j] = buffers.y[j, n0 - dropped : n].tolist()
+                if dropped:  # the snapshot's rows back in place, to forget its oldest again
+                    ensure_capacity(buffers, n0)
+                    buffers.z[j, :n0] = job.z[k]
+                    buffers.y[j, :n0] = job.y[k]
+                    forget[j] = dropped
                 buffers.factor[j, :n0, :n0] = result.factor[k]
                 buffers.v[j, :n0] = result.v[k]
                 truncate(buffers, j, n0)
-                buffers.real[j] = n0
+                buffers.rows[j] = buffers.real[j] = n0
+            resync += self._forget(forget)
             self._refresh_scalars()
             self._catch_up(late_z, late)
             self._moments = recount(buffers)
             if resync:
-                self._rebuild(resync)
+                self._rebuild(sorted(resync))
             buffers.version += 1
         fit = [j for k, j in enumerate(job.members) if job.fit[k] and j in installed]
         return LearnReport(
@@ -666,6 +713,23 @@ class IncrementalGP:
             refit_failed=[j for j in result.failed if j in installed],
             rebuilt=installed,
         )
+
+    def _forget(self, counts: list[int]) -> list[int]:
+        """Remove counts[j] oldest rows of each member j, one row per step (O(n²) each);
+        returns the members whose update failed (to rebuild)."""
+        buffers, failed = self._buffers, {}
+        for step in range(max(counts, default=0)):
+            members = [j for j, count in enumerate(counts) if count > step and j not in failed]
+            if members:
+                lost = forget_oldest(buffers, members, self.y_mean, self.y_scale)
+                failed |= {j: step + 1 for j in lost}
+        for j, done in failed.items():  # its data still loses the rows left (it is rebuilt)
+            n, drop = buffers.rows[j], counts[j] - done
+            buffers.z[j, : n - drop] = buffers.z[j, drop:n].clone()
+            buffers.y[j, : n - drop] = buffers.y[j, drop:n].clone()
+            buffers.real[j] -= drop
+            truncate(buffers, j, n - drop)
+        return sorted(failed)
 
     def _take_values(self, result: RefitResult, k: int, j: int) -> None:
         """Member j takes the result's k-th hyperparameters, jitter and standardization."""

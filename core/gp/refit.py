@@ -17,7 +17,9 @@ their standardization and keep their hyperparameters), then refactorize with jit
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +134,39 @@ class RefitJob:
     def rows(self) -> list[int]:
         """n_j, the observations each member's snapshot holds."""
         return [int(y.shape[0]) for y in self.y]
+
+    def split(self) -> list[RefitJob]:
+        """One job per member: each can be fit, factorized and installed on its own, so the
+        first member's new values arrive after one fit rather than after all of them."""
+        return [self.part([k]) for k in range(len(self.members))]
+
+    def part(self, ks: Sequence[int]) -> RefitJob:
+        """The job of the members at positions `ks` only."""
+        idx = torch.tensor(list(ks), dtype=torch.long)
+        return RefitJob(
+            members=[self.members[k] for k in ks],
+            fit=[self.fit[k] for k in ks],
+            z=[self.z[k] for k in ks],
+            y=[self.y[k] for k in ks],
+            dims=[self.dims[k] for k in ks],
+            lengthscale=self.lengthscale[idx],
+            outputscale=self.outputscale[idx],
+            learned_noise=self.learned_noise[idx],
+            known_noise=self.known_noise[idx],
+            jitter=self.jitter[idx],
+            kernel=self.kernel,
+            priors=self.priors,
+            epochs=[self.epochs[k] for k in ks],
+            forgotten=[self.forgotten[k] for k in ks],
+        )
+
+    def with_rows(
+        self, z: list[torch.Tensor], y: list[torch.Tensor], forgotten: list[int]
+    ) -> RefitJob:
+        """The same job (members, values, epochs) over newer copies of its members' rows: the
+        factorization after a long fit uses the rows the model holds by then, so that only
+        the few that come during the factorization are left to append on install."""
+        return dataclasses.replace(self, z=z, y=y, forgotten=forgotten)
 
 
 @dataclass(frozen=True)
