@@ -63,20 +63,22 @@ def make_gp(
     return IncrementalGP(bounds, config, dims=dims)
 
 
-def remove_row(factor: torch.Tensor, n: int, i: int) -> bool:
+def remove_row(factor: torch.Tensor, n: int, i: int, p: torch.Tensor | None = None) -> bool:
     """Remove row and column i from the n-row lower factor held in `factor`, in O(n²).
 
     Args:
         factor: (c, c) a member's factor buffer, c ≥ n; rows and columns past n-1 are left
             for the caller to make inert.
+        p: (n-i-1,) L_BB⁻¹l_B if the caller has it (−lᵢᵢ·(L⁻¹eᵢ)[i+1:]); else solved here.
 
     Returns:
         False (factor untouched) when the update is not finite.
     """
     l_bb = factor[i + 1 : n, i + 1 : n]
-    p = factor[i + 1 : n, i].clone()
-    if p.numel():
-        p = torch.linalg.solve_triangular(l_bb, p.unsqueeze(-1), upper=False).squeeze(-1)
+    if p is None:
+        p = factor[i + 1 : n, i].clone()
+        if p.numel():
+            p = torch.linalg.solve_triangular(l_bb, p.unsqueeze(-1), upper=False).squeeze(-1)
     t = torch.cumsum(p.square(), 0).add_(1.0)
     if not bool(torch.isfinite(t[-1:]).all()):
         return False
@@ -265,7 +267,9 @@ class BoundedGP(IncrementalGP):
         u[i] = 1.0  # L⁻¹eᵢ is zero above row i: only the trailing block is solved
         u[i:] = torch.linalg.solve_triangular(lower[i:, i:], u[i:], upper=False)
         q = torch.linalg.solve_triangular(lower.mT, u, upper=True).squeeze(-1)  # Q eᵢ
-        if not remove_row(buffers.factor[j], n, i):
+        # (L⁻¹eᵢ)[i+1:] = −L_BB⁻¹l_B / lᵢᵢ: the p of the rank-one update, with no solve of its own
+        p = u[i + 1 :, 0] * -lower[i, i]
+        if not remove_row(buffers.factor[j], n, i, p):
             self._qdiag[j] = None
             return False
         qd = qd - q.square() / q[i]
