@@ -3,6 +3,7 @@ against the oracle, and the drift itself (the optimum moves, the season turns)."
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -46,7 +47,7 @@ def test_dropwave_drift_optimum_dominates_its_round(round_, a0, a1):
 def test_the_dropwave_optimum_moves_slowly_and_comes_back():
     env = DropwaveDrift()
     path = [env.at(t).optimum.intervention for t in range(0, PERIOD + 1, 10)]
-    steps = [math.dist(tuple(p.values()), tuple(q.values())) for p, q in zip(path, path[1:])]
+    steps = [math.dist(tuple(p.values()), tuple(q.values())) for p, q in itertools.pairwise(path)]
     assert max(steps) < 0.02 and min(steps) > 0.01  # ~0.0013 of the box per round
     assert path[0] == pytest.approx(path[-1])
     assert math.dist(tuple(path[0].values()), tuple(path[len(path) // 2].values())) > 0.39
