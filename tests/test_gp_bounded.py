@@ -181,3 +181,17 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="budget"):
         ModelSpec(capacity=10, budget=12)
     assert ModelSpec(capacity=10, budget=4).budget == 4
+
+
+def test_blocks_are_learned_as_blocks_below_capacity_and_row_by_row_past_it():
+    x, y = stream(30, seed=8)
+    config = quiet(capacity=12, budget=8)
+    blocks, rows = BoundedGP(BOUNDS, config), BoundedGP(BOUNDS, config)
+    for start in range(0, 30, 5):  # blocks of 5 rows: within capacity, across it, past it
+        blocks.learn_block(x[start : start + 5].transpose(0, 1), y[start : start + 5].T)
+        for t in range(start, start + 5):
+            rows.learn_one(x[t], y[t])
+    assert blocks.seen == rows.seen == [30] * B
+    for j in range(B):
+        for got, want in zip(blocks.member_data(j), rows.member_data(j), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -156,12 +156,20 @@ class BoundedGP(IncrementalGP):
         *,
         refit: bool = True,
     ) -> LearnReport:
-        """Row by row (`learn_one`), so that the kept set does not depend on how readings were
-        grouped (a restart replays them one by one); the schedule runs once at the end."""
+        """As `IncrementalGP.learn_block` while every member stays within its capacity; else row
+        by row (`learn_one`), so that the kept set does not depend on how readings were grouped
+        (a restart replays them one by one); the schedule runs once at the end."""
         x, y = self._as_tensor(x), self._as_tensor(y)
         k = x.shape[1]
         mask = torch.ones(self.batch, k, dtype=torch.bool) if mask is None else mask
         mask = torch.as_tensor(mask, dtype=torch.bool)
+        if k == 1:
+            return self.learn_one(x[:, 0], y[:, 0], mask[:, 0], refit=refit)
+        if self._within_capacity(mask.sum(-1).tolist()):
+            report = super().learn_block(x, y, mask, refit=refit)
+            for j, count in enumerate(mask.sum(-1).tolist()):
+                self._seen[j] += int(count)
+            return report
         largest = torch.full((self.batch,), float("nan"), dtype=self.dtype, device=self.device)
         merged = LearnReport(surprise=largest)
         for i in range(k):
@@ -189,16 +197,19 @@ class BoundedGP(IncrementalGP):
         counts = (
             [x.shape[1]] * self.batch if mask is None else torch.as_tensor(mask).sum(-1).tolist()
         )
-        fits = all(
-            self._buffers.real[j] + counts[j] <= self.capacity and not self._switched[j]
-            for j in range(self.batch)
-        )
-        if fits and not any(self._skip):
+        if self._within_capacity(counts):
             report = super().learn_many(x, y, mask, refit=refit)
             for j in range(self.batch):
                 self._seen[j] += int(counts[j])
             return report
         return self.learn_block(x, y, mask, refit=refit)
+
+    def _within_capacity(self, counts: list[int]) -> bool:
+        """Whether learning counts[j] more rows keeps every member exact (and none is skipped)."""
+        return not any(self._skip) and all(
+            not self._switched[j] and self._buffers.real[j] + int(counts[j]) <= self.capacity
+            for j in range(self.batch)
+        )
 
     def _track_appends(self, before: list[int]) -> None:
         """Keep the diagonal of Q of members that appended one row (see the module)."""
