@@ -75,6 +75,34 @@ def _readings(rounds: int, batch: int, dim: int, seed: int) -> tuple[torch.Tenso
     return x, y
 
 
+def _save(
+    path: Path,
+    rounds: int,
+    batch: int,
+    dim: int,
+    capacity: int | None,
+    budget: int | None,
+    seconds: float,
+    flat: dict[str, float],
+    rows: list[Checkpoint],
+) -> None:
+    write_json(
+        path,
+        {
+            "machine": machine_info(),
+            "load_average": os.getloadavg(),
+            "rounds": rounds,
+            "batch": batch,
+            "dim": dim,
+            "capacity": capacity,
+            "budget": budget,
+            "seconds": seconds,
+            "flat_after_budget": flat,
+            "checkpoints": [asdict(r) for r in rows],
+        },
+    )
+
+
 def _spread(values: list[float]) -> float:
     """max/min of the values (NaN when there are none)."""
     return max(values) / min(values) if values and min(values) > 0 else math.nan
@@ -130,9 +158,17 @@ def run(
                     )
                 )
                 times = []
+                if json_path is not None:  # at every checkpoint: a cut-off run keeps its rows
+                    spent = time.perf_counter() - started
+                    _save(json_path, rounds, batch, dim, capacity, budget, spent, {}, rows)
             progress.advance(task)
     elapsed = time.perf_counter() - started
-    settled = [r for r in rows if budget is not None and r.rows <= budget and r.switched]
+    # checkpoints whose whole window of readings came after the node settled at its budget
+    settled = [
+        r
+        for before, r in zip(rows, rows[1:], strict=False)
+        if budget is not None and before.switched and before.rows <= budget
+    ]
     flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
     print_table(
         f"Stream of {rounds} readings per node ({batch} nodes, dim {dim}, capacity {capacity}, "
@@ -147,20 +183,6 @@ def run(
             "(target: within 1.2)".format(flat["rss_mb"], flat["update_p99_ms"])
         )
     if json_path is not None:
-        write_json(
-            json_path,
-            {
-                "machine": machine_info(),
-                "load_average": os.getloadavg(),
-                "rounds": rounds,
-                "batch": batch,
-                "dim": dim,
-                "capacity": capacity,
-                "budget": budget,
-                "seconds": elapsed,
-                "flat_after_budget": flat,
-                "checkpoints": [asdict(r) for r in rows],
-            },
-        )
+        _save(json_path, rounds, batch, dim, capacity, budget, elapsed, flat, rows)
         console.print(f"results: {json_path}")
     return rows
