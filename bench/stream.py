@@ -14,6 +14,7 @@ function plus noise of std 0.1.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -166,7 +167,7 @@ def run(
     # checkpoints whose whole window of readings came after the node settled at its budget
     settled = [
         r
-        for before, r in zip(rows, rows[1:], strict=False)
+        for before, r in itertools.pairwise(rows)
         if budget is not None and before.switched and before.rows <= budget
     ]
     flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
