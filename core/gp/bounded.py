@@ -42,6 +42,7 @@ from collections.abc import Sequence
 import structlog
 import torch
 
+from core.blas import solve_lower_in_buffer_, solve_lower_transposed_in_buffer_
 from core.gp.buffers import put_data, truncate
 from core.gp.config import GPConfig, LearnReport
 from core.gp.model import IncrementalGP
@@ -219,10 +220,8 @@ class BoundedGP(IncrementalGP):
             n = self._buffers.real[j]
             if qd is None or n != n_old + 1 or qd.numel() != n_old:
                 continue
-            c, d = factor[j, n_old, :n_old], factor[j, n_old, n_old]
-            b = torch.linalg.solve_triangular(
-                factor[j, :n_old, :n_old].mT, c.unsqueeze(-1), upper=True
-            ).squeeze(-1)
+            b, d = factor[j, n_old, :n_old].clone(), factor[j, n_old, n_old]
+            solve_lower_transposed_in_buffer_(factor[j], n_old, b)  # b = L⁻ᵀc, L read in place
             self._qdiag[j] = torch.cat((qd + b.square() / d.square(), (1.0 / d.square())[None]))
 
     # ------------------------------------------------------------------ the budget
@@ -273,13 +272,14 @@ class BoundedGP(IncrementalGP):
         if qd is None or qd.numel() != n or self._removals[j] >= self.budget:
             qd = self._fresh_qdiag(j)
         i = int(torch.argmax(qd))
-        lower = buffers.factor[j, :n, :n]
-        u = torch.zeros(n, 1, dtype=self.dtype, device=self.device)
+        factor = buffers.factor[j]
+        u = torch.zeros(n, dtype=self.dtype, device=self.device)
         u[i] = 1.0  # L⁻¹eᵢ is zero above row i: only the trailing block is solved
-        u[i:] = torch.linalg.solve_triangular(lower[i:, i:], u[i:], upper=False)
-        q = torch.linalg.solve_triangular(lower.mT, u, upper=True).squeeze(-1)  # Q eᵢ
+        solve_lower_in_buffer_(factor[i:, i:], n - i, u[i:])
+        q = u.clone()
+        solve_lower_transposed_in_buffer_(factor, n, q)  # Q eᵢ = L⁻ᵀL⁻¹eᵢ
         # (L⁻¹eᵢ)[i+1:] = −L_BB⁻¹l_B / lᵢᵢ: the p of the rank-one update, with no solve of its own
-        p = u[i + 1 :, 0] * -lower[i, i]
+        p = u[i + 1 :] * -factor[i, i]
         if not remove_row(buffers.factor[j], n, i, p):
             self._qdiag[j] = None
             return False
@@ -290,10 +290,8 @@ class BoundedGP(IncrementalGP):
         buffers.y[j, i : n - 1] = buffers.y[j, i + 1 : n].clone()
         buffers.real[j] = n - 1
         truncate(buffers, j, n - 1)
-        y_std = (buffers.y[j, : n - 1] - self.y_mean[j]) / self.y_scale[j]
-        buffers.v[j, : n - 1] = torch.linalg.solve_triangular(
-            buffers.factor[j, : n - 1, : n - 1], y_std.unsqueeze(-1), upper=False
-        ).squeeze(-1)  # fresh, no error carried over
+        buffers.v[j, : n - 1] = (buffers.y[j, : n - 1] - self.y_mean[j]) / self.y_scale[j]
+        solve_lower_in_buffer_(buffers.factor[j], n - 1, buffers.v[j, : n - 1])  # fresh v = L⁻¹ỹ
         buffers.version += 1
         return True
 
