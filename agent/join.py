@@ -239,7 +239,7 @@ def _taught(
         for live in lives:
             exp.maybe_close(live, now)
         return
-    telemetry.model_updated(exp, seconds)
+    telemetry.model_updated(exp, seconds, report.surprise.tolist())
     if report.rebuilt:
         save_snapshot(exp)
     if report.refit:

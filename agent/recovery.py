@@ -19,6 +19,7 @@ from agent.rounds import OPEN_STATUSES, LiveRound, RoundStatus
 from agent.timers import ack_window
 from connectors.schemas import Action
 from connectors.store import RoundRow, Snapshot
+from core.gp.bounded import BoundedGP
 
 if TYPE_CHECKING:
     from agent.experiment import Experiment
@@ -66,6 +67,7 @@ def recover(exp: Experiment) -> None:
     published = [row.proposed_at for row in rows if row.attempt > 0]
     if published:  # the rate limit holds across restarts (a crash loop must not flood)
         exp.last_publish_at = exp.tick_of(max(published))
+    _resume_bounded(exp)
     readings = _replay_readings(exp)
     snapshot = _load_snapshot(exp)
     for oracle in exp.store.oracles(exp.name):
@@ -166,6 +168,19 @@ def _replay_readings(exp: Experiment) -> int:
         if reading.node == exp.model.reward_node:
             exp.regret.observe_reward(reading.round, reading.value)
     return len(readings)
+
+
+def _resume_bounded(exp: Experiment) -> None:
+    """A bounded model (`model.capacity`) starts from the rows the last snapshot kept, and the
+    replay skips the readings those rows stand for: the replay then rebuilds the very state
+    the agent had (its budget was chosen with the hyperparameters of that snapshot), where a
+    replay of every reading from scratch would choose with the initial ones."""
+    gp = exp.model.gp
+    if not isinstance(gp, BoundedGP):
+        return
+    snapshot = exp.store.latest_snapshot(exp.name)
+    if snapshot is not None:
+        gp.resume({k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()})
 
 
 def _load_snapshot(exp: Experiment) -> Snapshot | None:

@@ -8,12 +8,17 @@ changes the experiment.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agent.rounds import LiveRound, RoundEvent, RoundStatus
 
 if TYPE_CHECKING:
     from agent.experiment import Experiment
+
+# `cbo_model_drift` counts a reading as a misfit beyond this many predictive standard deviations
+# when the spec sets no `model.misfit_z` (the GP's own default).
+DRIFT_Z = 4.0
 
 __all__ = [
     "closed",
@@ -51,14 +56,20 @@ def export_regret(exp: Experiment) -> None:
         exp.metrics.set_reward(exp.name, last=tracker.last_reward, best=tracker.best_reward)
 
 
-def model_updated(exp: Experiment, seconds: float) -> None:
-    """A GP update took `seconds`; every node's observation count may have moved."""
+def model_updated(exp: Experiment, seconds: float, surprise: Sequence[float] = ()) -> None:
+    """A GP update took `seconds`; every node's observation count may have moved, and the nodes
+    that learned (a finite `surprise`, |y − μ|/σ per node, their largest) were or were not
+    surprised by what they learned (`cbo_model_drift`)."""
     if not exp.metrics:
         return
     exp.metrics.observe_gp_update(exp.name, seconds)
     counts = exp.model.gp.num_observations.tolist()
     for node, count in zip(exp.model.order, counts, strict=True):
         exp.metrics.set_observations(exp.name, node, count)
+    threshold = exp.spec.model.misfit_z or DRIFT_Z
+    for node, value in zip(exp.model.order, surprise, strict=False):
+        if math.isfinite(value):
+            exp.metrics.observe_fit(exp.name, node, value > threshold)
 
 
 def proposal_rejected(exp: Experiment, reason: str) -> None:

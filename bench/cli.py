@@ -34,6 +34,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_trsm(which)
     _add_fleet(which)
     _add_sampling(which)
+    _add_stream(which)
+    _add_drift(which)
 
 
 def _gp_update(args: argparse.Namespace) -> int:
@@ -233,6 +235,78 @@ def _add_sampling(which: argparse._SubParsersAction) -> None:
     )
     sampling.add_argument("--json", type=Path, help="write the rows as JSON here")
     sampling.set_defaults(handler=_sampling)
+
+
+def _stream(args: argparse.Namespace) -> int:
+    from bench import stream
+
+    if args.budget is not None and (args.capacity is None or args.budget > args.capacity):
+        print("cbo-agent bench stream: error: --budget needs a --capacity at least as large",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    stream.run(
+        args.rounds,
+        args.json,
+        capacity=args.capacity,
+        budget=args.budget,
+        batch=args.nodes,
+        dim=args.dim,
+        refits=not args.no_refits,
+    )
+    return 0
+
+
+def _drift(args: argparse.Namespace) -> int:
+    from bench import drift
+    from sim.registry import environment_names
+
+    unknown = [m for m in args.models if m not in drift.MODELS]
+    if unknown or args.env not in environment_names():
+        what = f"unknown model {unknown[0]!r}" if unknown else f"unknown environment {args.env!r}"
+        print(f"cbo-agent bench drift: error: {what}", file=sys.stderr)
+        return 2
+    options = {
+        "capacity": args.capacity,
+        "budget": args.budget,
+        "window": args.window,
+        "time_scale": args.time_scale,
+        "refit_every": args.refit_every,
+        "initial": args.initial,
+    }
+    drift.run(args.env, args.models, args.seeds, args.rounds, args.json, options)
+    return 0
+
+
+def _add_drift(which: argparse._SubParsersAction) -> None:
+    drift = which.add_parser(
+        "drift", help="GP-UCB's cumulative (dynamic) regret: stationary, bounded, window, time"
+    )
+    drift.add_argument("--env", default="dropwave-drift", help="environment (default: drifting)")
+    drift.add_argument("--models", nargs="+", default=["stationary", "window", "time"])
+    drift.add_argument("--seeds", type=positive_int, default=3)
+    drift.add_argument("--rounds", type=positive_int, default=300)
+    drift.add_argument("--capacity", type=positive_int, default=100, help="of `bounded`")
+    drift.add_argument("--budget", type=positive_int, default=60, help="of `bounded`")
+    drift.add_argument("--window", type=positive_int, default=100, help="of `window`")
+    drift.add_argument("--time-scale", type=float, default=100.0, help="of `time`: rounds per τ")
+    drift.add_argument("--refit-every", type=positive_int, default=20)
+    drift.add_argument("--initial", type=positive_int, default=10, help="random rounds first")
+    drift.add_argument("--json", type=Path, help="write the runs as JSON here")
+    drift.set_defaults(handler=_drift)
+
+
+def _add_stream(which: argparse._SubParsersAction) -> None:
+    stream = which.add_parser(
+        "stream", help="N readings per node through a bounded node GP: memory, update, refit"
+    )
+    stream.add_argument("--rounds", type=positive_int, default=100_000, help="readings per node")
+    stream.add_argument("--capacity", type=positive_int, default=2000, help="exact up to")
+    stream.add_argument("--budget", type=positive_int, default=1000, help="rows kept past it")
+    stream.add_argument("--nodes", type=positive_int, default=3, help="node GPs (default 3)")
+    stream.add_argument("--dim", type=positive_int, default=3, help="inputs per node (default 3)")
+    stream.add_argument("--no-refits", action="store_true", help="do not time refits")
+    stream.add_argument("--json", type=Path, help="write the checkpoints as JSON here")
+    stream.set_defaults(handler=_stream)
 
 
 def _add_gp_update(which: argparse._SubParsersAction) -> None:

@@ -57,6 +57,9 @@ UntrustedReason = Literal[
 ]
 UNTRUSTED_REASONS: Final[tuple[UntrustedReason, ...]] = get_args(UntrustedReason)
 
+# `cbo_model_drift`: the weight of the newest update in its exponential average (about the last
+# 1/weight = 20 updates count).
+DRIFT_WEIGHT: Final[float] = 0.05
 # Bucket edges, roughly 1-2.5-5 (or 1-3) per decade over the range each duration lives in.
 GP_UPDATE_BUCKETS: Final[tuple[float, ...]] = (
     *(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01),
@@ -100,6 +103,16 @@ class AgentMetrics:
             ("experiment", "node"),
             registry=self.registry,
         )
+        self._model_drift = Gauge(
+            "cbo_model_drift",
+            "Share of a node's recent updates with a reading its model did not expect (more than "
+            "model.misfit_z predictive standard deviations away), an exponential average over "
+            "about 20 updates: near 0 once a stationary system is learned, rising when the "
+            "system drifts from what the model learned.",
+            ("experiment", "node"),
+            registry=self.registry,
+        )
+        self._drift_level: dict[tuple[str, str], float] = {}
         self._gp_update = self._histogram(
             "cbo_gp_update_seconds", "Time of one posterior update.", GP_UPDATE_BUCKETS
         )
@@ -188,6 +201,14 @@ class AgentMetrics:
     def set_observations(self, experiment: str, node: str, count: int) -> None:
         """Number of observations in one node's model."""
         self._observations.labels(experiment, node).set(count)
+
+    def observe_fit(self, experiment: str, node: str, surprised: bool) -> None:
+        """One update of a node's model: whether its reading was a misfit (`cbo_model_drift`)."""
+        key = (experiment, node)
+        level = self._drift_level.get(key, 0.0)
+        level += DRIFT_WEIGHT * (float(surprised) - level)
+        self._drift_level[key] = level
+        self._model_drift.labels(experiment, node).set(level)
 
     def observe_gp_update(self, experiment: str, seconds: float) -> None:
         """Duration of one (batched) posterior update."""

@@ -208,6 +208,32 @@ def solve_lower_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> N
     solve_lower_rows_in_buffer_(buffer, n, rhs.unsqueeze(0))
 
 
+def solve_lower_transposed_in_buffer_(buffer: torch.Tensor, n: int, rhs: torch.Tensor) -> None:
+    """Overwrite `rhs` (n,) with L⁻ᵀ rhs, L the lower triangle of `buffer[:n, :n]` read in place.
+
+    The row-major buffer read as column-major is Lᵀ, an upper factor: "upper, not transposed"
+    in BLAS terms (`solve_lower_in_buffer_` is the transposed case).
+    """
+    if n == 0:
+        return
+    if rhs.shape != (n,):
+        raise ValueError(f"the right-hand side must have shape ({n},); got {tuple(rhs.shape)}")
+    if _blas_usable(buffer, rhs.unsqueeze(0)) and buffer.shape[0] >= n and buffer.shape[1] >= n:
+        _TRSV[buffer.dtype](
+            b"U",
+            b"N",
+            b"N",
+            ctypes.byref(ctypes.c_int(n)),
+            buffer.data_ptr(),
+            ctypes.byref(ctypes.c_int(buffer.stride(0))),
+            rhs.data_ptr(),
+            _ONE,
+        )
+        return
+    block = buffer[:n, :n]
+    rhs.copy_(torch.linalg.solve_triangular(block.mT, rhs.unsqueeze(-1), upper=True).squeeze(-1))
+
+
 def _raw_usable(*tensors: torch.Tensor) -> bool:
     """Whether tensors can be worked on through NumPy views (and BLAS) on the CPU."""
     dtype = tensors[0].dtype

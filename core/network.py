@@ -24,6 +24,7 @@ import torch
 
 from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
+from core.gp.bounded import make_gp
 from core.gp.field import FieldModel, FieldModelKind, FieldRefitJob, FieldRefitResult
 from core.gp.refit import RefitJob, RefitResult
 from core.reward import RewardFunction
@@ -140,7 +141,7 @@ class NetworkModel:
         }
         self.member: dict[str, int] = {name: i for i, name in enumerate(self.order)}
         self._bounds = self._input_bounds()
-        self.gp = IncrementalGP(self._bounds, self._gp_config(), dims=self._dims())
+        self.gp = make_gp(self._bounds, self._gp_config(), dims=self._dims())
         self.history: list[Round] = []
         self._flat: IncrementalGP | None = None  # actions -> reward, built on first use
         self._flat_rounds: set[int] = set()  # rounds the flat GP has learned
@@ -188,6 +189,8 @@ class NetworkModel:
             refit_every=settings.refit_every,
             misfit_z=settings.misfit_z,
             window=settings.window,
+            capacity=settings.capacity,
+            budget=settings.budget,
             deferred=self.deferred_refits,
         )
 
@@ -675,7 +678,7 @@ class NetworkModel:
         refit schedule as the node GPs; the noise is the reward node's (known or learned).
         """
         if self._flat is None:
-            self._flat = IncrementalGP(self._flat_bounds(), self._flat_config())
+            self._flat = make_gp(self._flat_bounds(), self._flat_config())
             self._flat_learn_history()
         return self._flat
 

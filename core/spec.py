@@ -408,6 +408,28 @@ class ModelSpec(_Strict):
         description="Keep at most this many observations per node, forgetting the oldest. null: "
         "keep all.",
     )
+    capacity: int | None = Field(
+        default=None,
+        ge=2,
+        description="Exact up to this many observations per node; past it a node keeps its "
+        "`budget` most informative observations (the largest leave-one-out information), each "
+        "reading then costing O(budget²) and memory staying flat. The switch is logged "
+        "(`gp.bounded`). null: keep all. Excludes `window`.",
+    )
+    budget: int | None = Field(
+        default=None,
+        ge=2,
+        description="Observations a node keeps once past its `capacity` (at most the capacity). "
+        "null: the capacity.",
+    )
+
+    @model_validator(mode="after")
+    def _check_bound(self) -> ModelSpec:
+        if self.capacity is not None and self.window is not None:
+            raise ValueError("model.window and model.capacity exclude each other: set one")
+        if self.budget is not None and (self.capacity is None or self.budget > self.capacity):
+            raise ValueError("model.budget needs a model.capacity at least as large")
+        return self
 
 
 class PolicySpec(_Strict):

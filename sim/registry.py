@@ -12,6 +12,7 @@ from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
 from sim.decomposed_synthetic import DecomposedSynthetic
 from sim.dropwave import Dropwave
+from sim.dropwave_drift import DropwaveDrift
 from sim.environmental import Environmental
 from sim.gw10 import GW10
 from sim.gw20 import GW20
@@ -22,6 +23,7 @@ from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
 from sim.rosenbrock import Rosenbrock
 from sim.sir import AgeStructuredSIR
+from sim.sir_seasonal import SeasonalSIR
 from sim.toygraph import ToyGraph
 from sim.tr import TR
 from sim.weather import WeatherField
@@ -33,6 +35,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "psagraph": lambda seed: PSAGraph(),
     "dropwave": lambda seed: Dropwave(noisy=False),
     "dropwave-noisy": lambda seed: Dropwave(noisy=True),
+    # issue 22's drifting systems: the instance is round 0's, `at(t)` round t's (oracle, optimum)
+    "dropwave-drift": lambda seed: DropwaveDrift(),
     "alpine2": lambda seed: Alpine2(noisy=False),
     "alpine2-noisy": lambda seed: Alpine2(noisy=True),
     "alpine2-budget": lambda seed: Alpine2Budget(),
@@ -41,6 +45,7 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "rosenbrock-noisy": lambda seed: Rosenbrock(noisy=True),
     "decomposed-synthetic": lambda seed: DecomposedSynthetic(seed=seed),
     "sir": lambda seed: AgeStructuredSIR(),
+    "sir-seasonal": lambda seed: SeasonalSIR(),
     "weather": lambda seed: WeatherField(seed=seed),
     # paper 002's composite problem: an array node (a 3 x 4 field) and reward g(field)
     "environmental": lambda seed: Environmental(),

@@ -89,3 +89,34 @@ def test_the_same_seed_makes_the_same_initial_design_and_another_seed_another():
             return out
 
     assert first_interventions(5) == first_interventions(5) != first_interventions(6)
+
+
+def test_model_drift_rises_when_readings_stop_fitting():
+    """`cbo_model_drift{node}`: a chain learned on B = A + u, then B jumps by 50 (its noise is
+    0.1): every update of B is a misfit, while A, whose readings stay put, is never one."""
+    clock, metrics = Clock(), AgentMetrics()
+    with Store(":memory:") as store:
+        exp = Experiment(one_at_a_time(), store, clock=clock, metrics=metrics)
+        seq = 0
+        for k in range(16):
+            live = exp.propose()
+            exp.mark_published(live.number)
+            exp.on_ack(ack(exp, live.number))
+            a = 0.05 * (k % 7)
+            b = a + live.intervention["u"] + (50.0 if k >= 12 else 0.0)
+            values = {"A": a, "B": b, "C": 2 * b}
+            exp.on_readings(
+                [
+                    reading(exp, live.number, n, v, seq + i)
+                    for i, (n, v) in enumerate(values.items())
+                ]
+            )
+            seq += 3
+        drift = {
+            node: metrics.registry.get_sample_value(
+                "cbo_model_drift", {"experiment": "join", "node": node}
+            )
+            for node in ("A", "B")
+        }
+        assert drift["A"] == 0.0
+        assert drift["B"] > 0.1  # four misfits of sixteen updates, the last four

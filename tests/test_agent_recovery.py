@@ -134,3 +134,29 @@ def test_an_experiment_on_a_fenced_store_stops_writing_once_its_lease_is_taken(s
         assert [r.round for r in store.rounds("join")] == [0, 1, 2]
         drive(new, 1, seed=2)  # the new owner goes on
         assert store.experiment_status("join").rounds == 4
+
+
+def test_restart_rebuilds_the_bounded_state(store_target):
+    """Past its capacity a node keeps a budget chosen with the hyperparameters of the moment: a
+    restart starts from the snapshot's kept rows and replays the rest, to the same state."""
+    path = store_target
+    model = {"capacity": 8, "budget": 6}
+    with Store(path) as store:
+        before = Experiment(spec_with(**model), store, seed=1)
+        drive(before, 16, seed=1)
+        assert all(before.model.gp.switched)
+        probe = torch.rand(3, 4, before.model.input_dim, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(5))  # fmt: skip
+        expected = before.model.gp.posterior(probe)
+        kept = [before.model.gp.member_data(j) for j in range(3)]
+    with Store(path) as store:
+        after = Experiment(spec_with(**model), store, seed=1)
+        assert after.model.gp.num_observations.tolist() == [6, 6, 6]
+        assert after.model.gp.seen == before.model.gp.seen
+        for j, (z, y) in enumerate(kept):
+            z_after, y_after = after.model.gp.member_data(j)
+            torch.testing.assert_close(z_after, z, rtol=0, atol=0)
+            torch.testing.assert_close(y_after, y, rtol=0, atol=0)
+        got = after.model.gp.posterior(probe)
+        torch.testing.assert_close(got.mean, expected.mean, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(got.variance, expected.variance, rtol=1e-9, atol=1e-9)

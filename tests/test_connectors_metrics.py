@@ -235,3 +235,17 @@ def test_message_labels_are_checked(metrics: AgentMetrics) -> None:
         metrics.message("exp1", "readings", "accepted")  # unknown kind
     with pytest.raises(ValueError):
         metrics.message("exp1", "reading", "maybe")  # type: ignore[arg-type]
+
+
+def test_model_drift_is_the_recent_share_of_unexpected_readings():
+    from connectors.metrics import DRIFT_WEIGHT
+
+    metrics = AgentMetrics()
+    labels = {"experiment": "exp1", "node": "X1"}
+    for _ in range(200):  # a learned system: nothing unexpected
+        metrics.observe_fit("exp1", "X1", False)
+    assert metrics.registry.get_sample_value("cbo_model_drift", labels) == 0
+    for _ in range(20):  # it changed: every reading is a misfit
+        metrics.observe_fit("exp1", "X1", True)
+    level = metrics.registry.get_sample_value("cbo_model_drift", labels)
+    assert level == pytest.approx(1 - (1 - DRIFT_WEIGHT) ** 20)  # ≈ 0.64 after 20 updates

@@ -18,6 +18,7 @@ from core.blas import (
     set_entries_,
     solve_lower_in_buffer_,
     solve_lower_rows_in_buffer_,
+    solve_lower_transposed_in_buffer_,
 )
 
 DTYPES = [torch.float64, torch.float32]
@@ -146,3 +147,20 @@ def test_one_right_hand_side_goes_through_trsv_and_equals_torch(dtype, n):
     solve_lower_in_buffer_(buffer, n, rhs)
     rtol, atol = TOLERANCE[dtype]
     torch.testing.assert_close(buffer[n + 1, :n], expected, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 7])
+def test_transposed_solve_equals_torch(dtype, offset):
+    """L⁻ᵀ b, L read in place — from a trailing block too (a view starting inside the buffer),
+    as the bounded GP's removal solves it; garbage above the diagonal and past n is not read."""
+    n = 120
+    buffer = _factor(n + offset, n + offset + 9, dtype, 3)
+    block = buffer[offset:, offset:]
+    rhs = torch.randn(n, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    expected = torch.linalg.solve_triangular(
+        torch.tril(block[:n, :n]).mT, rhs.unsqueeze(-1), upper=True
+    ).squeeze(-1)
+    solve_lower_transposed_in_buffer_(block, n, rhs)
+    rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(rhs, expected, rtol=rtol, atol=atol)

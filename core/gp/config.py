@@ -36,6 +36,10 @@ class GPConfig:
         min_fit_points: a member is refit only once it has at least this many observations.
         window: keep at most this many observations (the oldest are forgotten, each by an
             exact O(n²) update of the factor); None keeps all.
+        capacity: exact up to this many observations per member; past it, a member keeps its
+            `budget` most informative rows, each reading O(budget²) (`core.gp.bounded`; a model
+            with a capacity is made by `core.gp.bounded.make_gp`). None: no bound.
+        budget: rows kept past the capacity (at most the capacity); None: the capacity.
         drift_tolerance: rebuild when the data mean moves by more than this many scales from the
             frozen standardization, or the data scale changes by more than this factor.
         deferred: refits and drift rebuilds are left to the caller, who runs them beside the
@@ -51,6 +55,8 @@ class GPConfig:
     misfit_z: float | None = 4.0
     min_fit_points: int = 3
     window: int | None = None
+    capacity: int | None = None
+    budget: int | None = None
     drift_tolerance: float = 0.5
     deferred: bool = False
 
@@ -61,6 +67,15 @@ class GPConfig:
             raise ValueError(f"refit_every must be >= 1 or None; got {self.refit_every}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1 or None; got {self.window}")
+        if self.capacity is not None and self.capacity < 2:
+            raise ValueError(f"capacity must be >= 2 or None; got {self.capacity}")
+        if self.budget is not None:
+            if self.capacity is None:
+                raise ValueError("budget needs a capacity")
+            if not 2 <= self.budget <= self.capacity:
+                raise ValueError(f"budget must be in [2, capacity]; got {self.budget}")
+        if self.capacity is not None and self.window is not None:
+            raise ValueError("window and capacity exclude each other: set one")
         if self.drift_tolerance <= 0:
             raise ValueError(f"drift_tolerance must be > 0; got {self.drift_tolerance}")
 

@@ -1,0 +1,189 @@
+"""`cbo-agent bench stream`: months of readings through a bounded node GP.
+
+Feeds N readings per node, one round at a time (`learn_one`, every node at once, as the agent's
+join does), through the model a spec with `model.capacity` and `model.budget` makes
+(`core.gp.bounded`), and records at checkpoints: the rows each node holds, the process's
+resident memory, the update time's median and 99th percentile over the readings since the
+previous checkpoint, and how long one refit of every node (fit on the kept rows, then the
+rebuild) takes — the work the agent runs beside its event loop.
+
+The readings: inputs uniform in the unit cube half of the time and within 0.05 of a fixed point
+the other half (a policy that has found its optimum keeps reading around it), outputs a smooth
+function plus noise of std 0.1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+import torch
+from rich.console import Console
+
+from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from core.gp import GPConfig
+from core.gp.bounded import BoundedGP, make_gp
+
+__all__ = ["Checkpoint", "checkpoints", "run"]
+
+
+@dataclass
+class Checkpoint:
+    """The model after n readings per node."""
+
+    n: int
+    rows: int  # rows the widest node holds
+    rss_mb: float
+    update_p50_ms: float
+    update_p99_ms: float
+    refit_s: float | None  # None: not measured at this checkpoint
+    switched: bool
+
+
+def checkpoints(rounds: int, capacity: int | None) -> list[int]:
+    """Where to record: a geometric ladder from 1,000 to `rounds`, the capacity, its double."""
+    points = {rounds}
+    n = 1000
+    while n < rounds:
+        points.add(n)
+        n = n * 2 if str(n)[0] in "15" else n * 5 // 2  # 1k, 2k, 5k, 10k, 20k, 50k, ...
+    if capacity is not None:
+        points |= {c for c in (capacity, 2 * capacity) if c < rounds}
+    return sorted(points)
+
+
+def _rss_mb() -> float:
+    return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+def _readings(rounds: int, batch: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rounds, batch, dim) inputs and (rounds, batch) outputs, see the module."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(rounds, batch, dim, dtype=torch.float64, generator=gen)
+    near = torch.rand(rounds, batch, 1, generator=gen) < 0.5
+    local = 0.3 + 0.05 * (
+        2 * torch.rand(rounds, batch, dim, dtype=torch.float64, generator=gen) - 1
+    )
+    x = torch.where(near, local, x)
+    y = torch.sin(3 * x).sum(-1) + torch.cos(5 * x[..., 0]) * x[..., -1]
+    y = y + 0.1 * torch.randn(rounds, batch, dtype=torch.float64, generator=gen)
+    return x, y
+
+
+def _save(
+    path: Path,
+    rounds: int,
+    batch: int,
+    dim: int,
+    capacity: int | None,
+    budget: int | None,
+    seconds: float,
+    flat: dict[str, float],
+    rows: list[Checkpoint],
+) -> None:
+    write_json(
+        path,
+        {
+            "machine": machine_info(),
+            "load_average": os.getloadavg(),
+            "rounds": rounds,
+            "batch": batch,
+            "dim": dim,
+            "capacity": capacity,
+            "budget": budget,
+            "seconds": seconds,
+            "flat_after_budget": flat,
+            "checkpoints": [asdict(r) for r in rows],
+        },
+    )
+
+
+def _spread(values: list[float]) -> float:
+    """max/min of the values (NaN when there are none)."""
+    return max(values) / min(values) if values and min(values) > 0 else math.nan
+
+
+def run(
+    rounds: int,
+    json_path: Path | None,
+    *,
+    capacity: int | None = 2000,
+    budget: int | None = 1000,
+    batch: int = 3,
+    dim: int = 3,
+    refits: bool = True,
+    seed: int = 0,
+    console: Console | None = None,
+) -> list[Checkpoint]:
+    """Feed `rounds` readings per node; print the checkpoints and save them as JSON."""
+    console = console or wide_console()
+    torch.set_num_threads(1)  # as the agent's event loop: one thread, the refits beside it
+    bounds = torch.tensor([[0.0, 1.0]] * dim, dtype=torch.float64).expand(batch, dim, 2)
+    config = GPConfig(
+        capacity=capacity, budget=budget, refit_every=None, misfit_z=None, noise_variance=0.01
+    )
+    gp = make_gp(bounds, config)
+    x, y = _readings(rounds, batch, dim, seed)
+    marks = checkpoints(rounds, capacity)
+    rows: list[Checkpoint] = []
+    times: list[float] = []
+    started = time.perf_counter()
+    with progress_bar(console) as progress:
+        task = progress.add_task("stream", total=rounds)
+        for t in range(rounds):
+            tick = time.perf_counter()
+            gp.learn_one(x[t], y[t])
+            times.append(time.perf_counter() - tick)
+            if t + 1 in marks:
+                refit_s = None
+                if refits:
+                    tick = time.perf_counter()
+                    gp.refit()
+                    refit_s = time.perf_counter() - tick
+                cuts = statistics.quantiles(times, n=100) if len(times) > 1 else times * 99
+                rows.append(
+                    Checkpoint(
+                        n=t + 1,
+                        rows=int(gp.num_observations.max()),
+                        rss_mb=_rss_mb(),
+                        update_p50_ms=1e3 * statistics.median(times),
+                        update_p99_ms=1e3 * cuts[98],
+                        refit_s=refit_s,
+                        switched=isinstance(gp, BoundedGP) and all(gp.switched),
+                    )
+                )
+                times = []
+                if json_path is not None:  # at every checkpoint: a cut-off run keeps its rows
+                    spent = time.perf_counter() - started
+                    _save(json_path, rounds, batch, dim, capacity, budget, spent, {}, rows)
+            progress.advance(task)
+    elapsed = time.perf_counter() - started
+    # checkpoints whose whole window of readings came after the node settled at its budget
+    settled = [
+        r
+        for before, r in itertools.pairwise(rows)
+        if budget is not None and before.switched and before.rows <= budget
+    ]
+    flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
+    print_table(
+        f"Stream of {rounds} readings per node ({batch} nodes, dim {dim}, capacity {capacity}, "
+        f"budget {budget}; {elapsed:.0f} s)",
+        ["n", "rows", "rss MB", "update p50 ms", "update p99 ms", "refit s"],
+        [(r.n, r.rows, r.rss_mb, r.update_p50_ms, r.update_p99_ms, r.refit_s) for r in rows],
+        console,
+    )
+    if settled:
+        console.print(
+            "after the budget was reached: max/min rss {:.3f}, max/min update p99 {:.3f} "
+            "(target: within 1.2)".format(flat["rss_mb"], flat["update_p99_ms"])
+        )
+    if json_path is not None:
+        _save(json_path, rounds, batch, dim, capacity, budget, elapsed, flat, rows)
+        console.print(f"results: {json_path}")
+    return rows

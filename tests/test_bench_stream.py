@@ -1,0 +1,57 @@
+"""`cbo-agent bench stream` and `bench drift` run end to end, small, and refuse bad arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.cli import main
+from bench.stream import checkpoints
+
+
+def test_checkpoints_climb_a_ladder_and_include_the_capacity():
+    assert checkpoints(100_000, 2000) == [1000, 2000, 4000, 5000, 10_000, 20_000, 50_000, 100_000]
+    assert checkpoints(600, None) == [600]
+
+
+def test_stream_records_checkpoints_and_settles_at_the_budget(tmp_path):
+    path = tmp_path / "stream.json"
+    code = main(["bench", "stream", "--rounds", "1500", "--capacity", "200", "--budget", "100",
+                 "--nodes", "2", "--dim", "2", "--no-refits", "--json", str(path)])  # fmt: skip
+    assert code == 0
+    result = json.loads(path.read_text())
+    rows = {c["n"]: c for c in result["checkpoints"]}
+    assert sorted(rows) == [200, 400, 1000, 1500]
+    assert rows[200]["rows"] == 200 and not rows[200]["switched"]
+    assert rows[1000]["rows"] == rows[1500]["rows"] == 100 and rows[1500]["switched"]
+    assert rows[1500]["update_p99_ms"] >= rows[1500]["update_p50_ms"] > 0
+    assert result["flat_after_budget"]["rss_mb"] >= 1.0
+
+
+def test_drift_compares_models_on_the_same_seeds(tmp_path):
+    path = tmp_path / "drift.json"
+    code = main(["bench", "drift", "--env", "dropwave-drift", "--models", "stationary", "time",
+                 "--seeds", "2", "--rounds", "14", "--json", str(path)])  # fmt: skip
+    assert code == 0
+    runs = json.loads(path.read_text())["runs"]
+    assert [(r["model"], r["seed"]) for r in runs] == [
+        ("stationary", 0), ("stationary", 1), ("time", 0), ("time", 1)
+    ]  # fmt: skip
+    assert all(0 < r["regret"] < 14 * 0.75 for r in runs)  # f* = 0.742 per round at most
+    # the first 10 rounds are the same random design for both models
+    assert runs[0]["regret"] != runs[1]["regret"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["stream", "--capacity", "10", "--budget", "20"], "--budget needs a --capacity"),
+        (["drift", "--models", "nope"], "unknown model 'nope'"),
+        (["drift", "--env", "nowhere"], "unknown environment 'nowhere'"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line(args, message, capsys):
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

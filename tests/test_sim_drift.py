@@ -1,0 +1,72 @@
+"""Issue 22's drifting environments: every round's oracle against Monte Carlo, its optimum
+against the oracle, and the drift itself (the optimum moves, the season turns)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.dropwave_drift import PERIOD, DropwaveDrift
+from sim.registry import make_environment
+from sim.sir_seasonal import SeasonalSIR, seasonal_r0
+
+
+def _monte_carlo_agrees(env, intervention, seed: int, draws: int = 100_000) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    reward = env.sample(intervention, draws, gen)[env.reward_node].numpy()
+    oracle = env.expected_reward(intervention)
+    error = np.std(reward) / math.sqrt(reward.size)
+    assert error > 0
+    assert abs(np.mean(reward) - oracle) <= 5 * error, intervention
+
+
+@pytest.mark.parametrize("round_", [0, 137, 500, 999])
+def test_dropwave_drift_oracle_agrees_with_monte_carlo(round_):
+    env = make_environment("dropwave-drift").at(round_)
+    assert env.round == round_
+    for k, a in enumerate([(0.1, 0.9), (0.45, 0.62), (0.8, 0.3)]):
+        _monte_carlo_agrees(env, {"a0": a[0], "a1": a[1]}, seed=k)
+    _monte_carlo_agrees(env, env.optimum.intervention, seed=7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(round_=st.integers(0, 3 * PERIOD), a0=st.floats(0, 1), a1=st.floats(0, 1))
+def test_dropwave_drift_optimum_dominates_its_round(round_, a0, a1):
+    env = DropwaveDrift().at(round_)
+    best = env.optimum
+    assert env.expected_reward(best.intervention) == pytest.approx(best.value, abs=1e-12)
+    assert env.expected_reward({"a0": a0, "a1": a1}) <= best.value + 1e-12
+
+
+def test_the_dropwave_optimum_moves_slowly_and_comes_back():
+    env = DropwaveDrift()
+    path = [env.at(t).optimum.intervention for t in range(0, PERIOD + 1, 10)]
+    steps = [math.dist(tuple(p.values()), tuple(q.values())) for p, q in itertools.pairwise(path)]
+    assert max(steps) < 0.02 and min(steps) > 0.01  # ~0.0013 of the box per round
+    assert path[0] == pytest.approx(path[-1])
+    assert math.dist(tuple(path[0].values()), tuple(path[len(path) // 2].values())) > 0.39
+
+
+@pytest.mark.parametrize("week", [0, 13, 26])
+def test_sir_seasonal_oracle_agrees_with_monte_carlo(week):
+    env = make_environment("sir-seasonal").at(week)
+    assert env.r0 == pytest.approx(seasonal_r0(week))
+    rng = np.random.default_rng(week)
+    plans = [dict(zip(env.action_names, x, strict=True)) for x in env.random_feasible(2, rng)]
+    for k, plan in enumerate([*plans, env.optimum.intervention]):
+        _monte_carlo_agrees(env, plan, seed=k, draws=20_000)
+
+
+def test_the_season_changes_what_a_campaign_is_worth():
+    env = SeasonalSIR()
+    winter, summer = env.at(0), env.at(26)
+    assert env.at(52) is winter  # one system per week of the year
+    assert winter.optimum.value < summer.optimum.value - 0.3  # more sick days in winter
+    plan = summer.optimum.intervention
+    assert winter.expected_reward(plan) <= winter.optimum.value + 1e-9
