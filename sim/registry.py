@@ -17,8 +17,8 @@ from sim.gw10 import GW10
 from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
-from sim.mc import MC
 from sim.mamujoco import MaMuJoCoSwimmer
+from sim.mc import MC
 from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
 from sim.rosenbrock import Rosenbrock

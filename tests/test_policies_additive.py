@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -149,7 +151,7 @@ def test_additive_acquisition_colours_are_exact_block_moves_and_never_lower_ucb(
             moved = (theta != before).nonzero().flatten().tolist()
             owned = {c for i in plan.index.tolist() for c in i if c < dim}
             assert set(moved) <= owned  # a colour moves only its own groups' coordinates
-    assert all(b >= a - 1e-9 for a, b in zip(values, values[1:], strict=False))
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(values))
     assert values[-1] > values[0]
     polished = make_policy("addgpucb", spec, {"groups": chain, "polish": 30})
     proposal = polished.propose(model, Constraints(), torch.Generator().manual_seed(1))
