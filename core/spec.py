@@ -745,7 +745,10 @@ class ExperimentSpec(_Strict):
         if self.intervention != "soft":
             problems.append("parameters: a parameter vector is a soft intervention")
         if self.constraints.max_interventions is not None:
-            problems.append("constraints.max_interventions: every parameter is set each round")
+            problems.append(
+                "constraints.max_interventions: every parameter is set each round (a limit on "
+                "the blocks changed per round is not supported)"
+            )
         if self.candidates is not None:
             problems.append("candidates: not with a parameter vector")
         for target in params.targets:

@@ -5,24 +5,36 @@ The model is a `core.gp.additive.AdditiveGP` from the actions to the reward, kep
 and fed every round of the history that has a reward (each round learned once, by an O(n²) row
 append). The acquisition is the sum of the groups' own upper confidence bounds,
 
-    UCB(θ) = Σ_i μ^(i)(θ^(i)) + β·σ^(i)(θ^(i)),
+    UCB(θ) = Σ_i f_i(θ^(i)),   f_i = μ^(i)(θ^(i)) + β·σ^(i)(θ^(i)),
 
-the additive GP-UCB of Kandasamy et al. (2015) that paper 000 builds on; it is separable over
-groups that share no coordinate, so those are maximized separately, and groups that overlap are
-maximized by block-coordinate ascent: the groups are coloured so that no two groups of a colour
-share a coordinate (`networkx.greedy_color`), and each sweep updates one colour at a time, every
-group of it at once, each over its own coordinates with the terms of every group it overlaps.
-A group's update draws `candidates` points: half uniform in its box, half Gaussian steps around
-the current values (a step that shrinks over the sweeps), plus the current values. Groups of one
-colour are updated together from the same θ (Jacobi-style), so where two of them overlap a
-common third group the sum may, rarely, drop a little in that sweep. The start is the best
-observed point.
+the additive GP-UCB of Kandasamy et al. (2015) that paper 000 builds on. Every f_i depends on
+its group's few coordinates only, and the optimizer never leaves them: a candidate for group i
+is |θ^(i)| numbers, and it is scored by the terms it changes — f_i and the f_j of the groups j
+that share a coordinate with i — each costing O(n·|θ^(j)|) for its kernel row and O(n²) for
+its variance, whatever D (`AdditiveGP.local_posterior`).
+
+- Disjoint groups (no shared coordinate with any other): UCB is a sum of independent terms, so
+  maximizing each f_i on its own maximizes the sum exactly; every such group is one row of a
+  batched call.
+- Overlapping groups: block-coordinate ascent. The groups are coloured so that two groups of a
+  colour neither share a coordinate nor overlap a common group (a distance-2 colouring of the
+  overlap graph, `networkx.greedy_color`); the terms one group's move changes are then disjoint
+  from every other group's of its colour, so all groups of a colour move at once (one batched
+  call) and the sum of their gains is the exact gain: UCB never decreases.
+- A sweep updates every colour in turn. A group's update scores `candidates` values of its
+  coordinates — half uniform in its box, half Gaussian steps around the current values (a step
+  that shrinks over the sweeps: 0.2, 0.1, 0.05 … of the span), plus the current values — and
+  keeps the best. The start is the best observed point.
+- After the sweeps, a projected quasi-Newton polish (L-BFGS-B on the whole sum, all groups in
+  one differentiable call: `polish` iterations, 0 = none) refines the continuous optimum; its
+  point is kept only where UCB improved.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -53,7 +65,13 @@ class AdditiveUCBSettings(PolicySettings):
         default=3, ge=1, le=len(_STEPS), description="Block-coordinate sweeps of the acquisition."
     )
     candidates: int = Field(
-        default=128, ge=4, le=4096, description="Points drawn per group and sweep."
+        default=64, ge=4, le=4096, description="Points drawn per group and sweep."
+    )
+    polish: int = Field(
+        default=30,
+        ge=0,
+        le=1000,
+        description="L-BFGS-B iterations of the final polish on the whole sum (0: none).",
     )
 
 
@@ -99,8 +117,7 @@ class AdditiveUCB:
         )
         self.groups = self.gp.groups.groups
         self._learned: set[int] = set()
-        self._colours = _colour_classes(self.groups)
-        self._neighbours = _overlaps(self.groups)
+        self._plans = [_colour_plan(self.gp, colour) for colour in _colour_classes(self.groups)]
 
     def sync(self, model: NetworkModel) -> int:
         """Learn every round of the history with a reward not learned yet; returns how many."""
@@ -129,11 +146,17 @@ class AdditiveUCB:
         """Maximize the summed group bounds from the best observed point; see the module."""
         started = time.perf_counter()
         learned = self.sync(model)
-        theta = self._start()
+        fitted = time.perf_counter()
+        theta = self._start()  # (D + 1,) unit cube, the last entry the groups' zero padding
         for sweep in range(self.settings.sweeps):
-            theta = self._sweep(theta, _STEPS[sweep], rng)
-        value = float(self._acquisition(theta.unsqueeze(0))[0])
-        intervention = dict(zip(self.names, theta.tolist(), strict=True))
+            for plan in self._plans:
+                self._update(theta, plan, _STEPS[sweep], rng)
+        value = float(self._acquisition(theta))
+        polished = False
+        if self.settings.polish and self.gp.n:
+            theta, value, polished = self._polish(theta, value)
+        point = self.bounds[:, 0] + theta[:-1] * (self.bounds[:, 1] - self.bounds[:, 0])
+        intervention = dict(zip(self.names, point.tolist(), strict=True))
         cost = _cost(self.spec, intervention)
         if cost > constraints.round_cap * (1 + 1e-12) + 1e-12:
             raise NothingAffordable(f"a round costs {cost:g}, {constraints.round_cap:g} is left")
@@ -144,8 +167,11 @@ class AdditiveUCB:
             tuple(self.names),
             {
                 "seconds": time.perf_counter() - started,
+                "acquisition_seconds": time.perf_counter() - fitted,
                 "groups": len(self.groups),
                 "largest_group": max(len(g) for g in self.groups),
+                "colours": len(self._plans),
+                "polished": polished,
                 "observations": self.gp.n,
                 "learned_now": learned,
             },
@@ -153,60 +179,128 @@ class AdditiveUCB:
 
     # ------------------------------------------------------------------ acquisition
     def _start(self) -> torch.Tensor:
-        if self.gp.n == 0:
-            return self.bounds.mean(-1)
-        targets = self.gp.train_targets
-        return self.gp.train_inputs[int(targets.argmax())].clone()
-
-    def _acquisition(self, x: torch.Tensor) -> torch.Tensor:
-        """(m, D) -> (m,) Σ_i μ^(i) + β σ^(i)."""
-        mean, var = self.gp.group_posterior(x)
-        return (mean + self.settings.beta * var.clamp_min(1e-24).sqrt()).sum(0)
-
-    def _sweep(self, theta: torch.Tensor, step: float, rng: torch.Generator) -> torch.Tensor:
-        """One block-coordinate sweep: every colour class in turn, its groups at once."""
-        for colour in self._colours:
-            theta = self._update(theta, colour, step, rng)
+        dim = len(self.names)
+        theta = torch.full((dim + 1,), 0.5, dtype=self.gp.dtype)
+        if self.gp.n:
+            best = self.gp.train_inputs[int(self.gp.train_targets.argmax())]
+            theta[:dim] = self.gp.unit(best).clamp(0.0, 1.0)
+        theta[dim] = 0.0
         return theta
+
+    def _terms(self, theta: torch.Tensor) -> torch.Tensor:
+        """(D + 1,) unit point -> (M,) every group's f_i (differentiable in theta)."""
+        index = self.gp.groups.index
+        members = torch.arange(index.shape[0])
+        mean, var = self.gp.local_posterior(members, theta[index].unsqueeze(1))
+        return (mean + self.settings.beta * var.clamp_min(1e-24).sqrt())[:, 0]
+
+    def _acquisition(self, theta: torch.Tensor) -> torch.Tensor:
+        """Σ_i f_i at one (D + 1,) unit point, without the constant y mean."""
+        return self._terms(theta).sum()
 
     def _update(
-        self, theta: torch.Tensor, colour: Sequence[int], step: float, rng: torch.Generator
-    ) -> torch.Tensor:
-        """Best candidate values of each group of one colour (they share no coordinate)."""
-        c = self.settings.candidates
-        lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
-        points, owners, members = [], [], []
-        for i in colour:
-            cols = list(self.groups[i])
-            cand = theta.expand(c, -1).clone()
-            half = c // 2
-            uniform = torch.rand(half, len(cols), generator=rng, dtype=theta.dtype)
-            cand[:half, cols] = lower[cols] + uniform * span[cols]
-            local = torch.randn(c - half - 1, len(cols), generator=rng, dtype=theta.dtype)
-            moved = theta[cols] + local * step * span[cols]
-            cand[half:-1, cols] = torch.minimum(
-                torch.maximum(moved, lower[cols]), lower[cols] + span[cols]
-            )
-            for j in self._neighbours[i]:
-                points.append(cand)
-                owners.append(i)
-                members.append(j)
-        x = torch.stack(points)  # (pairs, c, D)
-        mean, var = self.gp.group_posterior(x, members)
-        terms = mean + self.settings.beta * var.clamp_min(1e-24).sqrt()  # (pairs, c)
-        theta = theta.clone()
-        totals: dict[int, torch.Tensor] = {}
-        for row, owner in enumerate(owners):
-            totals[owner] = totals.get(owner, 0.0) + terms[row]
-        for owner, total in totals.items():
-            best = int(total.argmax())
-            first = owners.index(owner)
-            cols = list(self.groups[owner])
-            theta[cols] = x[first, best, cols]
-        return theta
+        self, theta: torch.Tensor, plan: _ColourPlan, step: float, rng: torch.Generator
+    ) -> None:
+        """Move every group of one colour to its best candidate, in place (see the module)."""
+        c, dtype = self.settings.candidates, theta.dtype
+        current = theta[plan.index]  # (G, s), padded slots 0
+        groups, width = current.shape
+        half = c // 2
+        uniform = torch.rand(groups, half, width, generator=rng, dtype=dtype)
+        local = torch.randn(groups, c - half - 1, width, generator=rng, dtype=dtype)
+        local = (current.unsqueeze(1) + step * local).clamp_(0.0, 1.0)
+        cand = torch.cat([uniform, local, current.unsqueeze(1)], dim=1) * plan.real.unsqueeze(1)
+        # each changed term's points: the owner's candidate where it holds the coordinate,
+        # theta elsewhere (padded slots read theta's trailing 0)
+        moved = cand[plan.pair_owner].gather(-1, plan.source.unsqueeze(1).expand(-1, c, -1))
+        fixed = theta[plan.pair_index].unsqueeze(1)
+        q = torch.where(plan.from_owner.unsqueeze(1), moved, fixed)
+        mean, var = self.gp.local_posterior(plan.pair_group, q)
+        terms = mean + self.settings.beta * var.clamp_min(1e-24).sqrt()  # (P, c)
+        totals = terms.new_zeros(groups, c).index_add_(0, plan.pair_owner, terms)
+        best = cand[torch.arange(groups), totals.argmax(-1)]  # (G, s)
+        theta[plan.index[plan.real]] = best[plan.real]
+
+    def _polish(self, theta: torch.Tensor, value: float) -> tuple[torch.Tensor, float, bool]:
+        """L-BFGS-B on Σ_i f_i over the unit box from theta; keeps theta unless it improved."""
+        import numpy as np
+        from scipy.optimize import minimize
+
+        dim = len(self.names)
+
+        def objective(u: np.ndarray) -> tuple[float, np.ndarray]:
+            x = torch.zeros(dim + 1, dtype=theta.dtype)
+            x[:dim] = torch.from_numpy(u)
+            x.requires_grad_(True)
+            total = self._acquisition(x)
+            (grad,) = torch.autograd.grad(total, x)
+            return -float(total.detach()), -grad[:dim].numpy()
+
+        result = minimize(
+            objective,
+            theta[:dim].numpy(),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=[(0.0, 1.0)] * dim,
+            options={"maxiter": self.settings.polish},
+        )
+        if not np.all(np.isfinite(result.x)) or not -float(result.fun) > value:
+            return theta, value, False
+        out = theta.clone()
+        out[:dim] = torch.from_numpy(np.clip(result.x, 0.0, 1.0))
+        return out, float(self._acquisition(out)), True
 
     def diagnostics(self) -> dict[str, Any]:
         return {"groups": [list(g) for g in self.groups]}
+
+
+@dataclass(frozen=True)
+class _ColourPlan:
+    """The index arithmetic of one colour's update, built once per decomposition.
+
+    Attributes:
+        index: (G, s) long, the owners' coordinates (padding → D, theta's trailing 0).
+        real: (G, s) bool, which slots are coordinates.
+        pair_owner: (P,) long, for each changed term, the position of its owner in the colour.
+        pair_group: (P,) long, the group whose term it is.
+        pair_index: (P, s) long, that group's coordinates.
+        from_owner: (P, s) bool, which of its slots the owner moves.
+        source: (P, s) long, the owner's slot for each moved slot (0 elsewhere).
+    """
+
+    index: torch.Tensor
+    real: torch.Tensor
+    pair_owner: torch.Tensor
+    pair_group: torch.Tensor
+    pair_index: torch.Tensor
+    from_owner: torch.Tensor
+    source: torch.Tensor
+
+
+def _colour_plan(gp: AdditiveGP, colour: Sequence[int]) -> _ColourPlan:
+    groups, index = gp.groups.groups, gp.groups.index
+    neighbours = _overlaps(groups)
+    width = index.shape[1]
+    owner_pos, pair_group, from_owner, source = [], [], [], []
+    for position, i in enumerate(colour):
+        slot_of = {c: k for k, c in enumerate(groups[i])}
+        for j in neighbours[i]:
+            owner_pos.append(position)
+            pair_group.append(j)
+            slots = [slot_of.get(c, -1) for c in groups[j]] + [-1] * (width - len(groups[j]))
+            from_owner.append([k >= 0 for k in slots])
+            source.append([max(k, 0) for k in slots])
+    owners = torch.tensor(list(colour), dtype=torch.long)
+    pairs = torch.tensor(pair_group, dtype=torch.long)
+    return _ColourPlan(
+        index=index[owners],
+        real=index[owners] < gp.dim,
+        pair_owner=torch.tensor(owner_pos, dtype=torch.long),
+        pair_group=pairs,
+        pair_index=index[pairs],
+        from_owner=torch.tensor(from_owner, dtype=torch.bool),
+        source=torch.tensor(source, dtype=torch.long),
+    )
 
 
 def _overlaps(groups: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -219,11 +313,14 @@ def _overlaps(groups: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _colour_classes(groups: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Groups partitioned so that no two groups of a class share a coordinate."""
+    """Groups partitioned so that two groups of a class neither share a coordinate nor both
+    share one with a third group (a distance-2 colouring of the overlap graph)."""
+    neighbours = _overlaps(groups)
     graph = nx.Graph()
     graph.add_nodes_from(range(len(groups)))
-    for i, neighbours in enumerate(_overlaps(groups)):
-        graph.add_edges_from((i, j) for j in neighbours if j != i)
+    for i, near in enumerate(neighbours):
+        reach = {k for j in near for k in neighbours[j]}  # within two overlaps of i
+        graph.add_edges_from((i, k) for k in reach if k != i)
     colours = nx.greedy_color(graph, strategy="largest_first")
     classes: dict[int, list[int]] = {}
     for node, colour in colours.items():

@@ -18,6 +18,7 @@ from sim.gw10 import GW10
 from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
+from sim.mamujoco import MaMuJoCoSwimmer
 from sim.mc import MC
 from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
@@ -62,6 +63,9 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     # changes only the episodes' start positions, which the device's noise stream draws
     "mpe-tag": lambda seed: MPETag(heterogeneous=False),
     "mpe-tag-het": lambda seed: MPETag(heterogeneous=True),
+    # paper 000's Multi-agent MuJoCo (gymnasium-robotics on mujoco): θ is the two agents' linear
+    # policies; a seed changes only the episodes' start noise, as for mpe-tag
+    "mamujoco-swimmer": lambda seed: MaMuJoCoSwimmer(),
 }
 
 

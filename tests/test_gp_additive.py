@@ -168,3 +168,47 @@ def test_fit_objective_equals_botorch_mll_with_gamma_priors():
     ours = negative_log_posterior(z, y, groups, hyper_t).item()
     # gpytorch adds no jitter; ours adds 1e-8 to the diagonal
     assert ours == pytest.approx(theirs, abs=1e-6)
+
+
+def test_local_posterior_equals_the_dense_group_posterior_and_its_gradient():
+    g = torch.Generator().manual_seed(3)
+    bounds = torch.tensor([[0.0, 2.0]] * D, dtype=torch.float64)
+    gp = AdditiveGP(bounds, GROUPS, refit_every=None)
+    x = 2 * torch.rand(25, D, generator=g, dtype=torch.float64)
+    for row in x:
+        gp.learn_one(row, float(torch.sin(row.sum())))
+    gp.hyper = _hyper(gp.groups)
+    gp.fit()
+    z = gp.unit(2 * torch.rand(4, D, generator=g, dtype=torch.float64))
+    stored = gp._z[: gp.n]
+    gram = additive_kernel(stored, stored, gp.groups, gp.hyper)
+    gram += gp.hyper.noise * torch.eye(gp.n, dtype=torch.float64)
+    cross = additive_kernel(stored, z, gp.groups, gp.hyper, per_group=True)  # (M, n, 4)
+    prior = gp.hyper.outputscale.unsqueeze(-1)
+    dense_var = prior - (cross * torch.linalg.solve(gram, cross)).sum(1)
+    dense_mean = cross.mT @ torch.linalg.solve(gram, (gp._y[: gp.n] - gp.y_mean) / gp.y_scale)
+    members = torch.arange(gp.groups.count)
+    padded = torch.cat([z, z.new_zeros(4, 1)], -1)
+    q = padded[:, gp.groups.index].movedim(0, 1)  # (M, 4, s) each group's own coordinates
+    mean, var = gp.local_posterior(members, q, chunk=7)  # tiny slices: the chunking is exact
+    torch.testing.assert_close(mean, gp.y_scale * dense_mean, rtol=0, atol=1e-9)
+    torch.testing.assert_close(var, gp.y_scale**2 * dense_var, rtol=0, atol=1e-9)
+    whole, _ = gp.posterior(2 * z)  # bounds [0, 2]: declared units
+    torch.testing.assert_close(mean.sum(0) + gp.y_mean, whole, rtol=0, atol=1e-9)
+    # the gradient (the polish's): finite at a stored point, equal to central differences
+    for point in (padded[0].clone(), torch.cat([stored[3], stored.new_zeros(1)])):
+
+        def total(p: torch.Tensor) -> torch.Tensor:
+            m, v = gp.local_posterior(members, p[gp.groups.index].unsqueeze(1))
+            return (m + 2.0 * v.clamp_min(1e-24).sqrt()).sum()
+
+        p = point.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(total(p), p)
+        assert torch.isfinite(grad).all()
+        if point is not padded[0]:
+            continue
+        h = 1e-6
+        numeric = torch.stack(
+            [(total(point + h * e) - total(point - h * e)) / (2 * h) for e in torch.eye(D + 1)]
+        )
+        torch.testing.assert_close(grad[:D], numeric[:D].to(grad.dtype), rtol=1e-5, atol=1e-7)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -106,3 +108,52 @@ def test_cmaes_plays_whole_generations_and_improves():
     first, last = [v for _, v in played[:6]], [v for _, v in played[-6:]]
     assert sum(last) / 6 > sum(first) / 6
     assert policy.generations == 9
+
+
+def test_additive_acquisition_colours_are_exact_block_moves_and_never_lower_ucb():
+    from policies._additive_ucb import _colour_classes, _overlaps
+
+    dim = 14
+    chain = [[i, i + 1] for i in range(0, 9)] + [[9, 10, 11], [12], [13]]  # overlaps + disjoint
+    spec = parse_spec(
+        {
+            "name": "chain",
+            "intervention": "soft",
+            "nodes": [{"name": "R", "bounds": [-20, 20], "noise_std": 0.01}],
+            "parameters": {"name": "theta", "dimension": dim, "bounds": [-1, 1], "targets": ["R"]},
+            "reward": {"node": "R"},
+            "policy": {"name": "addgpucb", "settings": {"groups": chain}},
+            "initial_design": {"rounds": 0},
+        }
+    )
+    policy = make_policy("addgpucb", spec, {"groups": chain, "polish": 0})
+    ucb = policy._ucb
+    neighbours = _overlaps(ucb.groups)
+    for colour in _colour_classes(ucb.groups):  # no two moves of a colour touch one term
+        for a in colour:
+            for b in colour:
+                assert a == b or not set(neighbours[a]) & set(neighbours[b])
+    model = NetworkModel(spec)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        x = 2 * torch.rand(dim, generator=g, dtype=torch.float64) - 1
+        y = float(torch.sin(3 * x[:-1] * x[1:]).sum() - (x**2).sum())
+        model.learn(dict(zip(spec.action_names, x.tolist(), strict=True)), {"R": y})
+    ucb.sync(model)
+    theta = ucb._start()
+    rng = torch.Generator().manual_seed(1)
+    values = [float(ucb._acquisition(theta))]
+    for step in (0.2, 0.1):
+        for plan in ucb._plans:
+            before = theta.clone()
+            ucb._update(theta, plan, step, rng)
+            values.append(float(ucb._acquisition(theta)))
+            moved = (theta != before).nonzero().flatten().tolist()
+            owned = {c for i in plan.index.tolist() for c in i if c < dim}
+            assert set(moved) <= owned  # a colour moves only its own groups' coordinates
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(values))
+    assert values[-1] > values[0]
+    polished = make_policy("addgpucb", spec, {"groups": chain, "polish": 30})
+    proposal = polished.propose(model, Constraints(), torch.Generator().manual_seed(1))
+    assert proposal.diagnostics["colours"] == len(polished._ucb._plans)
+    assert proposal.acquisition_value >= values[0] - 1e-9

@@ -64,8 +64,35 @@ def test_additive_er_is_additive_over_its_cliques_with_the_known_edges():
     assert AdditiveER(20, seed=4).dependency_edges == env.dependency_edges  # graph per D
 
 
-@pytest.mark.parametrize("name", ["mpe-tag", "mpe-tag-het", "additive-er-20", "additive-er-50"])
+@pytest.mark.parametrize(
+    "name", ["mpe-tag", "mpe-tag-het", "mamujoco-swimmer", "additive-er-20", "additive-er-50"]
+)
 def test_paper000_specs_declare_the_simulators_parameters(name):
     spec = load_spec(EXAMPLES / f"{name}.yaml")
     assert spec.parameters is not None
     assert spec.action_names == spec.parameter_vector
+
+
+def test_mamujoco_swimmer_plays_episodes_through_gymnasium_robotics():
+    from sim.mamujoco import MaMuJoCoSwimmer, blocks, linear_actions, parameter_count
+
+    env = MaMuJoCoSwimmer()
+    assert env.dim == parameter_count() == 14
+    assert type(env._env.unwrapped).__module__.startswith("gymnasium_robotics.")
+    assert blocks() == {"agent_0": (0, 7), "agent_1": (7, 14)}
+    theta = np.random.default_rng(0).uniform(-1, 1, env.dim)
+    first = env.episode(theta, 3)
+    assert first == env.episode(theta, 3)  # a seed fixes the episode
+    assert env.episode(theta, 4) != first  # MuJoCo's start noise differs per seed
+    assert env.episode(np.zeros(env.dim), 3) != first  # θ drives the joints
+    # agent i's torque reads only its own observation and its own block of θ
+    obs = np.random.default_rng(1).normal(size=(2, 6))
+    moved = obs.copy()
+    moved[1] += 1.0
+    assert linear_actions(theta, moved)[0] == linear_actions(theta, obs)[0]
+    assert linear_actions(theta, moved)[1] != linear_actions(theta, obs)[1]
+    values = {f"theta.{i}": float(v) for i, v in enumerate(theta)}
+    reading = env.step(values, torch.Generator().manual_seed(0))
+    assert set(reading) == {"R"} and np.isfinite(reading["R"])
+    spec = load_spec(EXAMPLES / "mamujoco-swimmer.yaml")
+    assert spec.parameters.blocks == blocks()

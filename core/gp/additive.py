@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 _JITTER_TRIES = 6
+_SQRT5 = math.sqrt(5.0)
 MIN_NOISE = 1e-6  # standardized units, as core.gp.config
 
 
@@ -193,6 +194,8 @@ class AdditiveGP:
         self._capacity = 0
         self._v: torch.Tensor | None = None  # L⁻¹ ỹ, kept current by appends
         self._w: torch.Tensor | None = None  # L⁻ᵀ v, derived lazily
+        self._local_data: torch.Tensor | None = None  # see _local_state
+        self._local_inverse: tuple[torch.Tensor | None, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ scaling
     def unit(self, x: torch.Tensor) -> torch.Tensor:
@@ -364,22 +367,96 @@ class AdditiveGP:
         if z.ndim == 2:
             z = z.unsqueeze(0).expand(len(picked), -1, -1)
         index = self.groups.index[sel]  # (G, s)
-        pad = lambda t: torch.cat([t, t.new_zeros(*t.shape[:-1], 1)], dim=-1)  # noqa: E731
-        q = torch.gather(pad(z), -1, index.unsqueeze(1).expand(-1, z.shape[1], -1))  # (G, m, s)
-        ls, os = self.hyper.lengthscale[sel], self.hyper.outputscale[sel]
-        prior = os.unsqueeze(-1).expand(-1, q.shape[1])
+        pad = torch.cat([z, z.new_zeros(*z.shape[:-1], 1)], dim=-1)
+        q = torch.gather(pad, -1, index.unsqueeze(1).expand(-1, z.shape[1], -1))  # (G, m, s)
+        return self.local_posterior(sel, q)
+
+    def local_posterior(
+        self, members: torch.Tensor, q: torch.Tensor, *, chunk: int = 1 << 18
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Groups' own latent posteriors at points given in each group's own coordinates.
+
+        An acquisition over a decomposition moves one group's coordinates at a time, so its
+        points are given only there: a point costs O(n·|θ^(i)|) for the kernel and O(n²) for
+        the variance, whatever D. Differentiable in q (the Matérn-5/2 gradient at a zero
+        distance is 0, as the kernel's).
+
+        Args:
+            members: (P,) long, the group of each row (repeats allowed).
+            q: (P, m, s) unit-cube values of each row's group coordinates, in the order of
+                `groups.index[members]` (s = `groups.width`); padded slots must be 0.
+            chunk: rows are processed in slices of about this many kernel entries: the work
+                is memory-bound, and slices that stay in the cache ran 4–9× faster than one
+                large batch (measured, 2 MB against 60 MB).
+
+        Returns:
+            mean (P, m) and variance (P, m) in output units, the mean without the constant
+            y mean, as `group_posterior`.
+        """
+        rows, m, _ = q.shape
+        ls = self.hyper.lengthscale[members].unsqueeze(-2)  # (P, 1, s)
+        scale = self.hyper.outputscale[members]  # (P,)
         if self.n == 0:
+            prior = scale.unsqueeze(-1).expand(rows, m)
             return torch.zeros_like(prior), prior * self.y_scale**2
-        data = self.groups.gather(self._z[: self.n])[sel]  # (G, n, s)
-        cross = kernel_matrix(data, q, ls, os, "matern52")  # (G, n, m)
-        mean = torch.einsum("gnm,n->gm", cross, self._weights())
-        factor = self._chol[: self.n, : self.n]
-        flat = cross.permute(1, 0, 2).reshape(self.n, -1)
-        v = torch.linalg.solve_triangular(factor, flat, upper=False).reshape(
-            cross.shape[1], *mean.shape
-        )
-        var = (prior - v.pow(2).sum(0)).clamp_min(0.0)
+        data, inverse, weights = self._local_state()
+        step = max(1, chunk // max(m * self.n, 1))
+        means, variances = [], []
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            cov = matern52_local(q[part] / ls[part], data[members[part]] / ls[part])
+            alpha = scale[part, None, None]
+            cov = cov * alpha if cov.requires_grad else cov.mul_(alpha)  # (p, m, n)
+            means.append(cov @ weights)
+            # rows of cov · L⁻ᵀ are (L⁻¹ k)ᵀ: the variance's quadratic form, one GEMM
+            solved = cov.reshape(-1, self.n) @ inverse.mT
+            quad = solved.pow(2).sum(-1).reshape(cov.shape[0], m)
+            variances.append((scale[part, None] - quad).clamp_min(0.0))
+        mean, var = torch.cat(means), torch.cat(variances)
         return self.y_scale * mean, var * self.y_scale**2
+
+    def _local_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(M, n, s) each group's stored inputs, L⁻¹ (n, n) and the weights w (n,).
+
+        Cached: the inputs until n changes (rows are only appended), L⁻¹ until the factor
+        changes (every append or refit replaces `_v`, held here to compare by identity).
+        L⁻¹ turns the acquisition's many triangular solves into matrix products, 10–20 %
+        faster here (measured) at the same O(n²) per point.
+        """
+        if self._local_data is None or self._local_data.shape[1] != self.n:
+            self._local_data = self.groups.gather(self._z[: self.n])
+        if self._local_inverse is None or self._local_inverse[0] is not self._v:
+            factor = self._chol[: self.n, : self.n]
+            eye = torch.eye(self.n, dtype=self.dtype)
+            inverse = torch.linalg.solve_triangular(factor, eye, upper=False)
+            self._local_inverse = (self._v, inverse)
+        return self._local_data, self._local_inverse[1], self._weights()
+
+
+def matern52_local(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Unit-variance Matérn-5/2 correlation between lengthscale-scaled points.
+
+    Args:
+        a: (p, m, s), b: (p, n, s) inputs already divided by the lengthscales.
+
+    Returns:
+        (p, m, n) correlations. The distance is taken directly (no expansion), so coincident
+        points give exactly 1; its gradient there is 0, as the kernel's.
+    """
+    if a.requires_grad or b.requires_grad:
+        sq = a.new_zeros(*a.shape[:-1], b.shape[-2])
+        for d in range(a.shape[-1]):
+            sq = sq + (a[..., :, d, None] - b[..., None, :, d]).square()
+        positive = sq > 0  # sqrt's gradient at 0 is infinite; the kernel's is 0 there
+        r = torch.where(positive, torch.where(positive, sq, 1.0).sqrt(), 0.0) * _SQRT5
+        return (r.square().div(3.0) + r + 1.0) * torch.exp(-r)
+    # in place: the acquisition's hot loop, memory-bound (s ≤ a few: no (p, m, n, s) temporary)
+    sq = (a[..., :, 0, None] - b[..., None, :, 0]).square_()
+    for d in range(1, a.shape[-1]):
+        sq.add_((a[..., :, d, None] - b[..., None, :, d]).square_())
+    r = sq.sqrt_().mul_(_SQRT5)
+    decay = torch.exp(-r)
+    return r.square().div_(3.0).add_(r).add_(1.0).mul_(decay)
 
 
 # BoTorch's classic Gamma priors (concentration, rate), as core.hyperfit's "gamma" family.
