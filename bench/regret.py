@@ -29,7 +29,7 @@ the allowed target sets; breaches are listed per round ("violations") and counte
 
 Outputs in DIR:
     runs/<env>/<policy>/seed<k>.json   one run (schema cbo-agent/bench-regret-run): the config
-        (env, policy, seed, rounds, settings, spec), status ok|stopped|failed, stop_reason,
+        (env, policy, seed, rounds, settings, spec, device), status ok|stopped|failed, stop_reason,
         error, traceback, optimum, optimum_intervention, budget, spent, initial_design
         [{intervention, cost, reward, expected_reward, spent, violations?}],
         initial_design_source (paper | random explorer), initial_design_seconds, history
@@ -46,8 +46,9 @@ Outputs in DIR:
         decision_seconds, update_seconds, optimum (mean over seeds: a seeded environment draws
         a new instance per seed), seeds_failed, seeds_stopped_early, violations, structure_f1
         (mean over the runs with a `structure`, where any has one), and budget,
-        max_budget_spent when the spec has a total budget. Missing values (no run, one seed's
-        SE) are null.
+        max_budget_spent when the spec has a total budget, device and device_name (where the
+        GPs lived: `--device`, and its hardware). Missing values (no run, one seed's SE) are
+        null.
     summary.md     the rows as a table, per-environment orderings, failures and these definitions.
     <env>.png      average reward and cumulative regret against t for every policy.
 
