@@ -4,6 +4,8 @@
 # Both create or refresh .venv when pyproject.toml changed.
 #
 #   make image        build the service image (and the Mosquitto image CI runs beside it)
+#   make image IMAGE=cbo-agent:cuda MOSQUITTO_IMAGE= \
+#     TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128     the CUDA variant (same recipe)
 #   make test-image   build them, then run them for real (tests/test_image.py; CI runs it too)
 
 PYTHON ?= python3
@@ -46,6 +48,7 @@ format: $(STAMP)
 # one seconds; the smoke test about two.
 image:
 	ENGINE=$(ENGINE) IMAGE=$(IMAGE) MOSQUITTO_IMAGE=$(MOSQUITTO_IMAGE) \
+	  $(if $(TORCH_INDEX_URL),TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
 	  timeout 900 bash deploy/image/build.sh
 
 test-image: $(STAMP) image

@@ -318,6 +318,20 @@ class AgentConfig(_Section):
     device_keys_file: str | None = None
     device_keys: SecretStr | None = None
 
+    @field_validator("device")
+    @classmethod
+    def _a_device(cls, value: str) -> str:
+        # The check `NetworkModel` makes, at load: `cuda` on a machine without one is a
+        # configuration error (one line, exit 2), not a traceback when the first model is built.
+        from core.devices import resolve_device  # torch: only when a device is configured
+        from core.errors import DeviceError
+
+        try:
+            resolve_device(value)
+        except DeviceError as error:
+            raise ValueError(str(error)) from None
+        return value
+
     def load_device_keys(self) -> DeviceKeys:
         """The device keys of `device_keys_file` and `device_keys` (empty: none configured).
 

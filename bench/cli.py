@@ -38,18 +38,61 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_drift(which)
 
 
+def _bad_device(benchmark: str, devices: list[str]) -> bool:
+    """Whether a `--device` cannot be used here; if so, says so in one line on stderr."""
+    from core.devices import resolve_device
+    from core.errors import DeviceError
+
+    for device in devices:
+        try:
+            resolve_device(device)
+        except DeviceError as error:
+            print(f"cbo-agent bench {benchmark}: error: --device: {error}", file=sys.stderr)
+            return True
+    return False
+
+
+def _add_device(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """`--device cpu|cuda[:N]`: where the models live (the service's CBO_DEVICE)."""
+    if several:
+        parser.add_argument(
+            "--device",
+            nargs="+",
+            default=["cpu"],
+            metavar="DEVICE",
+            help="where the GPs live: cpu, cuda, cuda:N; several are measured in one run (cpu)",
+        )
+    else:
+        parser.add_argument(
+            "--device", default="cpu", help="where the GPs live: cpu, cuda, cuda:N (cpu)"
+        )
+
+
 def _gp_update(args: argparse.Namespace) -> int:
     from bench import gp_update
 
+    if _bad_device("gp-update", args.device):
+        return 2
     json_path = args.json
     plot_path = args.plot or (json_path.with_suffix(".png") if json_path else None)
-    gp_update.run(args.sizes, args.dim, args.batch, json_path, plot_path, reps=args.reps)
+    gp_update.run(
+        args.sizes,
+        args.dim,
+        args.batch,
+        json_path,
+        plot_path,
+        reps=args.reps,
+        devices=args.device,
+        botorch=not args.no_botorch,
+    )
     return 0
 
 
 def _regret(args: argparse.Namespace) -> int:
     from bench import regret
 
+    if _bad_device("regret", [args.device]):
+        return 2
     if args.list:
         regret.list_choices()
         return 0
@@ -63,6 +106,7 @@ def _regret(args: argparse.Namespace) -> int:
             settings=args.setting,
             workers=args.workers,
             force=args.force,
+            device=args.device,
         )
     except regret.BadArguments as error:
         print(f"cbo-agent bench regret: error: {error}", file=sys.stderr)
@@ -76,9 +120,18 @@ def _regret(args: argparse.Namespace) -> int:
 def _decision(args: argparse.Namespace) -> int:
     from bench import decision
 
+    if _bad_device("decision", [args.device]):
+        return 2
     try:
         decision.run(
-            args.env, args.policy, args.rounds, args.seed, args.setting, args.json, args.threads
+            args.env,
+            args.policy,
+            args.rounds,
+            args.seed,
+            args.setting,
+            args.json,
+            args.threads,
+            device=args.device,
         )
     except decision.BadArguments as error:
         print(f"cbo-agent bench decision: error: {error}", file=sys.stderr)
@@ -89,6 +142,8 @@ def _decision(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from bench import ingest
 
+    if _bad_device("ingest", [args.device]):
+        return 2
     try:
         ingest.run(
             args.env,
@@ -97,6 +152,7 @@ def _ingest(args: argparse.Namespace) -> int:
             args.latency_rounds,
             args.json,
             repeats=args.repeats,
+            device=args.device,
         )
     except ingest.QueueTooSmall as error:
         print(f"cbo-agent bench ingest: error: {error}", file=sys.stderr)
@@ -320,6 +376,12 @@ def _add_gp_update(which: argparse._SubParsersAction) -> None:
     gp.add_argument("--reps", type=int, default=25, help="appends and solves timed per size")
     gp.add_argument("--json", type=Path, help="write the rows as JSON here")
     gp.add_argument("--plot", type=Path, help="PNG plot (default: next to --json)")
+    gp.add_argument(
+        "--no-botorch",
+        action="store_true",
+        help="skip BoTorch's update and its check (its caches need ~10 GB at n = 4000, b = 8)",
+    )
+    _add_device(gp, several=True)
     gp.set_defaults(handler=_gp_update)
 
 
@@ -342,6 +404,7 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
         "--repeats", type=positive_int, default=5, help="interleaved runs per side (5)"
     )
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
+    _add_device(ingest)
     ingest.set_defaults(handler=_ingest)
 
 
@@ -391,6 +454,7 @@ def _add_decision(which: argparse._SubParsersAction) -> None:
     )
     decision.add_argument("--threads", type=positive_int, help="torch threads (torch's default)")
     decision.add_argument("--json", type=Path, help="write the rows as JSON here")
+    _add_device(decision)
     decision.set_defaults(handler=_decision)
 
 
@@ -452,6 +516,8 @@ def _add_chaos(which: argparse._SubParsersAction) -> None:
 def _fleet(args: argparse.Namespace) -> int:
     from bench import fleet
 
+    if _bad_device("fleet", [args.device]):
+        return 2
     stores = args.store or ["sqlite"]
     for store in stores:
         if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
@@ -468,6 +534,7 @@ def _fleet(args: argparse.Namespace) -> int:
         lease_ttl_s=args.lease_ttl,
         window_s=args.window,
         workdir=args.workdir,
+        device=args.device,
     )
     return 1 if any(row.audit_problems for row in rows) else 0
 
@@ -497,6 +564,7 @@ def _add_fleet(which: argparse._SubParsersAction) -> None:
         "--workdir", type=Path, default=Path("results/bench-fleet"), help="logs and stores"
     )
     fleet.add_argument("--json", type=Path, help="write the rows as JSON here")
+    _add_device(fleet)
     fleet.set_defaults(handler=_fleet)
 
 
@@ -566,4 +634,5 @@ def _add_regret(which: argparse._SubParsersAction) -> None:
         "--workers", type=positive_int, help="parallel runs (default: the CPU count)"
     )
     regret.add_argument("--force", action="store_true", help="redo runs already saved in DIR")
+    _add_device(regret)
     regret.set_defaults(handler=_regret)

@@ -33,7 +33,14 @@ from rich.console import Console
 
 from agent.paths import example_spec as example_spec_path
 from bench.harness.episode import RunConfig, play
-from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from bench.report import (
+    device_info,
+    machine_info,
+    print_table,
+    progress_bar,
+    wide_console,
+    write_json,
+)
 from core.spec import load_spec
 
 SCHEMA = "cbo-agent/bench-decision"
@@ -63,6 +70,8 @@ class DecisionRow:
     status: str
     seconds: list[float]
     cpu_seconds: list[float]
+    device: str = "cpu"
+    device_name: str = ""
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -89,7 +98,12 @@ Setting = tuple[str | None, str, Any]  # (policy it applies to, or None for any;
 
 
 def measure(
-    env: str, policy: str | None, rounds: int, seed: int, settings: Sequence[Setting] = ()
+    env: str,
+    policy: str | None,
+    rounds: int,
+    seed: int,
+    settings: Sequence[Setting] = (),
+    device: str = "cpu",
 ) -> DecisionRow:
     """Play one episode of `env` with `policy` (None: the spec's, with the spec's settings) and
     time its proposals; `settings` apply where their policy runs."""
@@ -98,7 +112,7 @@ def measure(
     name = policy or spec_policy.name
     chosen = dict(spec_policy.settings) if policy is None else {}
     chosen.update({key: value for who, key, value in settings if who in (None, name)})
-    config = RunConfig(env, name, seed, rounds, chosen, str(spec_path))
+    config = RunConfig(env, name, seed, rounds, chosen, str(spec_path), device)
     payload = play(config)
     history = payload["history"]
     seconds = [float(r["decision_seconds"]) for r in history]
@@ -123,6 +137,7 @@ def measure(
         status,
         seconds,
         cpu,
+        **device_info(device),
     )
 
 
@@ -134,6 +149,7 @@ def run(
     settings: Sequence[Setting],
     json_path: Path | None,
     threads: int | None = None,
+    device: str = "cpu",
 ) -> list[DecisionRow]:
     """Measure every environment in `envs`, print the table, write JSON to `json_path`."""
     names = env_names(envs)
@@ -146,16 +162,17 @@ def run(
         task = progress.add_task("decision", total=len(names))
         for name in names:
             progress.update(task, description=f"decision {name}")
-            rows.append(measure(name, policy, rounds, seed, settings))
+            rows.append(measure(name, policy, rounds, seed, settings, device))
             progress.advance(task)
-    _print(rows, console)
+    _print(rows, console, device)
     if json_path is not None:
         write_json(
             json_path,
             {
                 "schema": SCHEMA,
                 "version": VERSION,
-                "machine": machine_info(),
+                "machine": machine_info(device),
+                **device_info(device),
                 "policy": policy,
                 "rounds": rounds,
                 "seed": seed,
@@ -168,9 +185,10 @@ def run(
     return rows
 
 
-def _print(rows: Sequence[DecisionRow], console: Console) -> None:
+def _print(rows: Sequence[DecisionRow], console: Console, device: str = "cpu") -> None:
+    where = device_info(device)
     print_table(
-        "Proposal time per round (seconds)",
+        f"Proposal time per round (seconds; {where['device']}: {where['device_name']})",
         [
             "env",
             "policy",

@@ -49,6 +49,7 @@ from agent.control import submit
 from agent.paths import example_spec
 from bench.harness.postgres import scratch_database
 from bench.harness.procs import Child, JsonLog, child_environment, cli, wait_until
+from bench.report import device_info
 from connectors.mosquitto import MosquittoBroker
 from connectors.store import Store, StoreError
 from core.spec import parse_spec
@@ -82,6 +83,8 @@ class FleetRow:
     readings_unstored_at_cutoff: int
     experiments_owned: int  # held by a live lease at the end of the window
     leases_lapsed: int  # a replica's own lease ran out before it could renew it (overload)
+    device: str = "cpu"  # where the replicas' GPs live (their CBO_DEVICE)
+    device_name: str = ""
 
 
 @dataclass
@@ -116,6 +119,7 @@ class FleetRig:
         budget_total: float | None = None,
         env: str = "toygraph",
         device_delay_s: float = 0.05,
+        device: str = "cpu",
     ) -> None:
         self.workdir = workdir
         self.store_url = store_url
@@ -127,6 +131,7 @@ class FleetRig:
         self.budget_total = budget_total
         self.env = env
         self.device_delay_s = device_delay_s
+        self.device = device  # the replicas' CBO_DEVICE: where their GPs live
         self.broker: MosquittoBroker | None = None
         self.devices: Child | None = None
         self.replicas: dict[str, Child] = {}
@@ -199,7 +204,8 @@ class FleetRig:
             "--metrics-port",
             "0",
         ]
-        child = Child(name, argv, self.workdir / f"{name}.log", child_environment())
+        environment = child_environment() | {"CBO_DEVICE": self.device}
+        child = Child(name, argv, self.workdir / f"{name}.log", environment)
         self.replicas[name] = child
         child.log.wait_for("fleet.started", 60, child=child)
         return child
@@ -378,6 +384,7 @@ def measure(
     lease_ttl_s: float,
     window_s: float,
     rounds: int,
+    device: str = "cpu",
 ) -> FleetRow:
     """One configuration: start, measure a window of steady running, fail over, audit."""
     kind = "postgresql" if store_url.startswith("postgres") else "sqlite"
@@ -389,6 +396,7 @@ def measure(
         lease_ttl_s=lease_ttl_s,
         rounds=rounds,
         capacity=math.ceil(experiments / max(1, replicas - 1)) if replicas > 1 else experiments,
+        device=device,
     ) as rig:
         rig.start_replicas()
         time.sleep(2.0)
@@ -454,6 +462,7 @@ def measure(
         readings_unstored_at_cutoff=len(early.lost),
         experiments_owned=sum(owned.values()),
         leases_lapsed=churn,
+        **device_info(device),
     )
 
 
@@ -467,6 +476,7 @@ def run(
     window_s: float = 20.0,
     rounds: int = 10_000,
     workdir: Path = Path("results/bench-fleet"),
+    device: str = "cpu",
 ) -> list[FleetRow]:
     """Measure every (store, replicas, experiments); print a table, write the JSON rows."""
     rows: list[FleetRow] = []
@@ -483,6 +493,7 @@ def run(
                         lease_ttl_s=lease_ttl_s,
                         window_s=window_s,
                         rounds=rounds,
+                        device=device,
                     )
                 rows.append(row)
                 print(_line(row), flush=True)
@@ -513,6 +524,7 @@ def _line(row: FleetRow) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     return (
+        f"{row.device} ({row.device_name}) "
         f"{row.store:10s} replicas={row.replicas} experiments={row.experiments:5d} "
         f"decisions/s={f(row.decisions_per_s, 1)} p95={f(row.p95_decision_s, 3)} s "
         f"rss/exp={f(row.rss_mb_per_experiment)} MB failover p95={f(row.failover_p95_s)} s "

@@ -8,7 +8,11 @@ For each size n and batch b (1 and --batch) on the same data and hyperparameters
                     through gpytorch's QR-based row update, so b/a mostly measures gpytorch
   (d) solve         the O(n²) floor: one triangular solve of size n per member through the same
                     BLAS routine the append calls (`core.blas.solve_lower_in_buffer_`, reading a
-                    factor in a buffer with the model's row stride), no kernel row, no writes
+                    factor in a buffer with the model's row stride), no kernel row, no writes;
+                    on CUDA a bare batched `torch.linalg.solve_triangular` of size n
+`--device cpu cuda` measures each size on every device in one run (rows name the device and its
+hardware); on CUDA each timed call ends with `torch.cuda.synchronize`, so a time is the work
+done, not the work queued. `--no-botorch` skips (b) and its check (n = 20,000 on a GPU).
 Before timing BoTorch, its posterior mean *and variance* on the same data and hyperparameters are
 checked against ours, with gpytorch held to exact solves (Cholesky at every size, no LOVE
 variances, no CG): the comparison is like for like, and the largest relative differences are
@@ -32,11 +36,20 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.means import ZeroMean
 from rich.console import Console
 
-from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from bench.report import (
+    device_info,
+    machine_info,
+    print_table,
+    progress_bar,
+    wide_console,
+    write_json,
+)
 from core.blas import solve_lower_in_buffer_
+from core.devices import resolve_device
 from core.gp import GPConfig, IncrementalGP
 
 NOISE = 1e-2
+_CPU = torch.device("cpu")
 
 
 @dataclass
@@ -46,15 +59,19 @@ class UpdateTiming:
     n: int
     batch: int
     append_s: float
-    botorch_condition_s: float
+    botorch_condition_s: float | None  # None: --no-botorch
     refactor_s: float
     triangular_solve_s: float
     bytes_per_node: int
-    mean_rel_diff: float  # largest |ours − BoTorch exact| / scale over the probe points
-    variance_rel_diff: float
+    mean_rel_diff: float | None  # largest |ours − BoTorch exact| / scale over the probe points
+    variance_rel_diff: float | None
+    device: str = "cpu"
+    device_name: str = ""
 
     @property
     def botorch_over_append(self) -> float:
+        if self.botorch_condition_s is None:
+            return float("nan")
         return self.botorch_condition_s / self.append_s
 
     @property
@@ -66,18 +83,23 @@ class UpdateTiming:
         return self.append_s / self.triangular_solve_s
 
 
-def _median_seconds(fn: Callable[[], object], reps: int) -> float:
+def _median_seconds(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    """Median wall time of `fn`; on CUDA each call waits for the work it queued."""
+    wait = torch.cuda.synchronize if device.type == "cuda" else lambda _device: None
     times = []
+    wait(device)
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        wait(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def _build_model(x: torch.Tensor, y: torch.Tensor, reserve: int) -> IncrementalGP:
     batch, _, dim = x.shape
-    bounds = torch.tensor([[0.0, 1.0]] * dim, dtype=x.dtype).expand(batch, dim, 2)
+    bounds = torch.tensor([[0.0, 1.0]] * dim, dtype=x.dtype, device=x.device)
+    bounds = bounds.expand(batch, dim, 2)
     model = IncrementalGP(bounds, GPConfig(noise_variance=NOISE, refit_every=None, misfit_z=None))
     model.set_hyperparameters(
         lengthscale=torch.full((batch, dim), 0.3, dtype=x.dtype),
@@ -160,8 +182,17 @@ def _exact_gpytorch() -> contextlib.ExitStack:
     return stack
 
 
-def measure(n: int, batch: int, dim: int, reps: int, slow_reps: int, seed: int) -> UpdateTiming:
-    """Time the four updates at one size.
+def measure(
+    n: int,
+    batch: int,
+    dim: int,
+    reps: int,
+    slow_reps: int,
+    seed: int,
+    device: str = "cpu",
+    botorch: bool = True,
+) -> UpdateTiming:
+    """Time the four updates at one size, on `device` (the same data on every device).
 
     Our model and BoTorch's are built one after the other (the first freed before the second:
     at n = 4000 and a batch of 8, BoTorch alone needs ~10 GB). Before BoTorch is timed, its
@@ -174,12 +205,18 @@ def measure(n: int, batch: int, dim: int, reps: int, slow_reps: int, seed: int) 
         batch, total, generator=gen, dtype=torch.float64
     )
     probe = torch.rand(batch, 5, dim, generator=gen, dtype=torch.float64)
+    where = resolve_device(device)
+    x, y, probe = x.to(where), y.to(where), probe.to(where)
 
     ours = _time_ours(x, y, n, probe, reps, slow_reps)
     gc.collect()  # our model is gone before BoTorch's is built
-    botorch_s, mean_diff, var_diff = _time_botorch(ours, x, y, n, probe, slow_reps)
+    botorch_s = mean_diff = var_diff = None
+    if botorch:
+        botorch_s, mean_diff, var_diff = _time_botorch(ours, x, y, n, probe, slow_reps)
     gc.collect()
-    solve_s = _floor_seconds(n, batch, ours.capacity, reps, gen)
+    solve_s = _floor_seconds(n, batch, ours.capacity, reps, gen, where)
+    if where.type == "cuda":
+        torch.cuda.empty_cache()
     return UpdateTiming(
         n,
         batch,
@@ -190,13 +227,32 @@ def measure(n: int, batch: int, dim: int, reps: int, slow_reps: int, seed: int) 
         ours.bytes_per_node,
         mean_diff,
         var_diff,
+        **device_info(device),
     )
 
 
-def _floor_seconds(n: int, batch: int, capacity: int, reps: int, gen: torch.Generator) -> float:
+def _floor_seconds(
+    n: int,
+    batch: int,
+    capacity: int,
+    reps: int,
+    gen: torch.Generator,
+    device: torch.device = _CPU,
+) -> float:
     """One size-n triangular solve per member through the append's BLAS routine, in a buffer
     laid out as the model's (b, capacity, capacity); the right-hand side is restored first,
-    as the append copies its kernel row in (O(n), beside the O(n²) solve)."""
+    as the append copies its kernel row in (O(n), beside the O(n²) solve). On CUDA: one bare
+    batched `torch.linalg.solve_triangular` of (b, n, n) contiguous factors, the issue's
+    yardstick for the append."""
+    if device.type != "cpu":
+        lower = torch.linalg.cholesky(
+            torch.eye(n, dtype=torch.float64) + 0.1 * torch.ones(n, n, dtype=torch.float64)
+        ).to(device)
+        factors = lower.expand(batch, n, n).contiguous()
+        rhs = torch.randn(batch, n, 1, generator=gen, dtype=torch.float64).to(device)
+        return _median_seconds(
+            lambda: torch.linalg.solve_triangular(factors, rhs, upper=False), reps, device
+        )
     lower = torch.linalg.cholesky(
         torch.eye(n, dtype=torch.float64) + 0.1 * torch.ones(n, n, dtype=torch.float64)
     )
@@ -210,7 +266,7 @@ def _floor_seconds(n: int, batch: int, capacity: int, reps: int, gen: torch.Gene
         for j in range(batch):
             solve_lower_in_buffer_(buffer[j], n, rhs[j])
 
-    return _median_seconds(solve, reps)
+    return _median_seconds(solve, reps, device)
 
 
 @dataclass(frozen=True)
@@ -236,8 +292,8 @@ def _time_ours(
         i = next(cursor)
         model.learn_one(x[:, i], y[:, i], refit=False)
 
-    append_s = _median_seconds(append, reps)
-    refactor_s = _median_seconds(model.rebuild, slow_reps)
+    append_s = _median_seconds(append, reps, x.device)
+    refactor_s = _median_seconds(model.rebuild, slow_reps, x.device)
     per_node = model.memory_bytes() // x.shape[0]
     capacity = model._buffers.capacity
     return _OurTimings(fitted, probe_mean, probe_variance, append_s, refactor_s, per_node, capacity)
@@ -272,7 +328,7 @@ def _time_botorch(
     x_new, y_new = _unbatch(x[:, n : n + 1]), _unbatch(y[:, n : n + 1, None])
     noise = torch.full_like(y_new, float(ours.fitted.noise[0]))
     seconds = _median_seconds(
-        lambda: twin.condition_on_observations(x_new, y_new, noise=noise), slow_reps
+        lambda: twin.condition_on_observations(x_new, y_new, noise=noise), slow_reps, x.device
     )
     return seconds, mean_diff, var_diff
 
@@ -284,6 +340,7 @@ def plot(rows: Sequence[UpdateTiming], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     batches = sorted({row.batch for row in rows})
+    devices = list(dict.fromkeys(row.device for row in rows))
     fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.5), squeeze=False)
     series = [
         ("append_s", "append (this project)"),
@@ -292,9 +349,15 @@ def plot(rows: Sequence[UpdateTiming], path: Path) -> None:
         ("triangular_solve_s", "O(n²) floor: the append's BLAS triangular solve"),
     ]
     for ax, batch in zip(axes[0], batches, strict=True):
-        chosen = sorted((r for r in rows if r.batch == batch), key=lambda r: r.n)
-        for field, label in series:
-            ax.loglog([r.n for r in chosen], [getattr(r, field) for r in chosen], "o-", label=label)
+        for device in devices:
+            chosen = sorted(
+                (r for r in rows if r.batch == batch and r.device == device), key=lambda r: r.n
+            )
+            for field, label in series:
+                points = [(r.n, getattr(r, field)) for r in chosen if getattr(r, field)]
+                if points:
+                    tag = f"{label} [{device}]" if len(devices) > 1 else label
+                    ax.loglog(*zip(*points, strict=True), "o-", label=tag)
         ax.set_title(f"one posterior update, batch of {batch} GP{'s' if batch > 1 else ''}")
         ax.set_xlabel("observations n")
         ax.set_ylabel("seconds (median)")
@@ -315,21 +378,29 @@ def run(
     reps: int = 25,
     slow_reps: int = 3,
     console: Console | None = None,
+    devices: Sequence[str] = ("cpu",),
+    botorch: bool = True,
 ) -> list[UpdateTiming]:
-    """Measure every size for a single GP and for a batch; print, save JSON and a plot."""
+    """Measure every size for a single GP and for a batch, on every device (the same data);
+    print, save JSON and a plot."""
     console = console or wide_console()
     batches = sorted({1, batch})
     rows: list[UpdateTiming] = []
     with progress_bar(console) as progress:
-        task = progress.add_task("gp-update", total=len(sizes) * len(batches))
+        total = len(sizes) * len(batches) * len(devices)
+        task = progress.add_task("gp-update", total=total)
         for b in batches:
             for n in sizes:
-                progress.update(task, description=f"gp-update n={n} batch={b}")
-                rows.append(measure(n, b, dim, reps, slow_reps, seed=n + 7919 * b))
-                progress.advance(task)
+                for device in devices:
+                    progress.update(task, description=f"gp-update n={n} batch={b} {device}")
+                    seed = n + 7919 * b
+                    rows.append(measure(n, b, dim, reps, slow_reps, seed, device, botorch))
+                    progress.advance(task)
+    names = "; ".join(dict.fromkeys(f"{r.device} = {r.device_name}" for r in rows))
     print_table(
-        f"One posterior update (dim {dim}, float64, median milliseconds)",
+        f"One posterior update (dim {dim}, float64, median milliseconds; {names})",
         [
+            "device",
             "n",
             "batch",
             "c/a refactor/append",
@@ -344,6 +415,7 @@ def run(
         ],
         [
             (
+                r.device,
                 r.n,
                 r.batch,
                 r.refactor_over_append,
@@ -352,8 +424,10 @@ def run(
                 1e3 * r.append_s,
                 1e3 * r.refactor_s,
                 1e3 * r.triangular_solve_s,
-                1e3 * r.botorch_condition_s,
-                f"{r.mean_rel_diff:.0e}/{r.variance_rel_diff:.0e}",
+                float("nan") if r.botorch_condition_s is None else 1e3 * r.botorch_condition_s,
+                "—"
+                if r.mean_rel_diff is None
+                else f"{r.mean_rel_diff:.0e}/{r.variance_rel_diff:.0e}",
                 r.bytes_per_node / 2**20,
             )
             for r in rows
@@ -362,7 +436,13 @@ def run(
     )
     if json_path is not None:
         write_json(
-            json_path, {"machine": machine_info(), "dim": dim, "rows": [asdict(r) for r in rows]}
+            json_path,
+            {
+                "machine": machine_info(),
+                "dim": dim,
+                "devices": [device_info(d) for d in devices],
+                "rows": [asdict(r) for r in rows],
+            },
         )
         console.print(f"results: {json_path}")
     if plot_path is not None:

@@ -46,7 +46,14 @@ from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
 from agent.runtime import AgentService
 from bench.harness.shipped_broker import ShippedBroker, shipped_broker
-from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
+from bench.report import (
+    device_info,
+    machine_info,
+    print_table,
+    progress_bar,
+    wide_console,
+    write_json,
+)
 from connectors.mosquitto import MosquittoBroker
 from connectors.mqtt import BrokerConfig, MqttConnection
 from connectors.schemas import Ack, Reading, encode
@@ -113,6 +120,8 @@ class LatencyResult:
     decision_latency_p95_s: float
     decision_seconds_p50: float
     refit_everything_s: float
+    device: str = "cpu"
+    device_name: str = ""
 
 
 # ---------------------------------------------------------------------- throughput
@@ -130,14 +139,14 @@ def _throughput_spec(env: str, rounds: int) -> ExperimentSpec:
 
 
 def prepare_rounds(
-    env_name: str, spec: ExperimentSpec, store_path: Path, seed: int
+    env_name: str, spec: ExperimentSpec, store_path: Path, seed: int, device: str = "cpu"
 ) -> list[Reading]:
     """R acknowledged rounds in the agent's store, and the readings the environment gives."""
     env = make_environment(env_name, seed)
     generator = torch.Generator().manual_seed(seed)
     readings: list[Reading] = []
     with Store(store_path) as store:
-        exp = Experiment(spec, store, seed=seed)
+        exp = Experiment(spec, store, seed=seed, device=device)
         for seq in range(spec.schedule.max_rounds):
             live = exp.propose()
             exp.mark_published(live.number)
@@ -213,10 +222,16 @@ async def _bare_rate(port: int, payloads: list[bytes], topic: str, client_id: st
 
 
 async def _agent_rate(
-    port: int, spec: ExperimentSpec, store_path: Path, payloads: list[bytes], agent_id: str
+    port: int,
+    spec: ExperimentSpec,
+    store_path: Path,
+    payloads: list[bytes],
+    agent_id: str,
+    device: str = "cpu",
 ) -> float:
     config = AgentConfig(
         agent_id=agent_id,
+        device=device,
         broker=BrokerSection(url=f"mqtt://127.0.0.1:{port}"),
         metrics=MetricsSection(port=0),
         store=StoreSection(path=str(store_path)),
@@ -265,11 +280,12 @@ async def measure_throughput(
     shipped: ShippedBroker,
     repeats: int = 5,
     seed: int = 0,
+    device: str = "cpu",
 ) -> IngestResult:
     """`repeats` runs of each side, interleaved, alternating which side goes first."""
     spec = _throughput_spec(env, rounds)
     prepared = workdir / "ingest-prepared.sqlite"
-    readings = await asyncio.to_thread(prepare_rounds, env, spec, prepared, seed)
+    readings = await asyncio.to_thread(prepare_rounds, env, spec, prepared, seed, device)
     limit = shipped.max_queued_messages
     if limit and len(readings) > limit:
         raise QueueTooSmall(
@@ -291,7 +307,7 @@ async def measure_throughput(
             store_path = workdir / f"ingest-{repeat}.sqlite"
             await asyncio.to_thread(shutil.copyfile, prepared, store_path)
             rate = await _agent_rate(
-                broker.port, spec, store_path, payloads, f"bench-agent-{repeat}"
+                broker.port, spec, store_path, payloads, f"bench-agent-{repeat}", device
             )
             agent_runs.append(rate)
 
@@ -304,7 +320,12 @@ async def measure_throughput(
 
 # ---------------------------------------------------------------------- decision latency
 async def measure_latency(
-    env_name: str, rounds: int, broker: MosquittoBroker, workdir: Path, seed: int = 0
+    env_name: str,
+    rounds: int,
+    broker: MosquittoBroker,
+    workdir: Path,
+    seed: int = 0,
+    device: str = "cpu",
 ) -> LatencyResult:
     spec = load_spec(example_spec_path(env_name))
     spec = spec.model_copy(
@@ -325,6 +346,7 @@ async def measure_latency(
     events: list[RoundEvent] = []
     config = AgentConfig(
         agent_id=f"latency-{env_name}",
+        device=device,
         broker=BrokerSection(url=broker.url),
         metrics=MetricsSection(port=0),
         store=StoreSection(path=str(workdir / f"{env_name}.db")),
@@ -360,6 +382,7 @@ async def measure_latency(
         _quantile(latencies, 0.95),
         _quantile(decisions, 0.5),
         refit,
+        **device_info(device),
     )
 
 
@@ -428,6 +451,7 @@ def run(
     json_path: Path | None = None,
     console: Console | None = None,
     repeats: int = 5,
+    device: str = "cpu",
 ) -> tuple[IngestResult, list[LatencyResult]]:
     """Throughput of `rounds` rounds of `env` (`repeats` runs per side), then the latency of
     each of `latency_envs` (see `latency_env_names`: None or "all" = every environment with a
@@ -447,21 +471,25 @@ def run(
         ):
             task = progress.add_task("ingest", total=1 + len(latency_envs))
             throughput = asyncio.run(
-                measure_throughput(env, rounds, broker, workdir, shipped, repeats)
+                measure_throughput(env, rounds, broker, workdir, shipped, repeats, device=device)
             )
             progress.advance(task)
             latencies = []
             for name in latency_envs:
                 progress.update(task, description=f"latency {name}")
                 latencies.append(
-                    asyncio.run(measure_latency(name, latency_rounds, broker, workdir))
+                    asyncio.run(
+                        measure_latency(name, latency_rounds, broker, workdir, device=device)
+                    )
                 )
                 progress.advance(task)
+    where = device_info(device)
     spread = lambda runs: f"{min(runs):,.0f}-{max(runs):,.0f}"  # noqa: E731
     print_table(
         f"Feedback ingest through Mosquitto ({throughput.readings} readings, "
         f"{throughput.rounds} rounds of {throughput.nodes} nodes; {len(throughput.bare_runs)} "
-        f"interleaved runs per side, medians; {throughput.broker})",
+        f"interleaved runs per side, medians; {throughput.broker}; models on "
+        f"{where['device']}: {where['device_name']})",
         ["bare msgs/s", "(min-max)", "agent msgs/s", "(min-max)", "agent/bare", "(min-max)"],
         [
             (
@@ -478,9 +506,19 @@ def run(
     if latencies:
         print_table(
             "Decision latency (last reading of a round -> next action published)",
-            ["env", "policy", "rounds", "p50 s", "p95 s", "policy p50 s", "refit-everything s"],
+            [
+                "device",
+                "env",
+                "policy",
+                "rounds",
+                "p50 s",
+                "p95 s",
+                "policy p50 s",
+                "refit-everything s",
+            ],
             [
                 (
+                    r.device,
                     r.env,
                     r.policy,
                     r.rounds,
@@ -497,8 +535,8 @@ def run(
         write_json(
             json_path,
             {
-                "machine": machine_info(),
-                "ingest": throughput.summary(),
+                "machine": machine_info(device),
+                "ingest": {**throughput.summary(), **where},
                 "decision_latency": [asdict(r) for r in latencies],
             },
         )

@@ -29,7 +29,7 @@ the allowed target sets; breaches are listed per round ("violations") and counte
 
 Outputs in DIR:
     runs/<env>/<policy>/seed<k>.json   one run (schema cbo-agent/bench-regret-run): the config
-        (env, policy, seed, rounds, settings, spec), status ok|stopped|failed, stop_reason,
+        (env, policy, seed, rounds, settings, spec, device), status ok|stopped|failed, stop_reason,
         error, traceback, optimum, optimum_intervention, budget, spent, initial_design
         [{intervention, cost, reward, expected_reward, spent, violations?}],
         initial_design_source (paper | random explorer), initial_design_seconds, history
@@ -46,8 +46,9 @@ Outputs in DIR:
         decision_seconds, update_seconds, optimum (mean over seeds: a seeded environment draws
         a new instance per seed), seeds_failed, seeds_stopped_early, violations, structure_f1
         (mean over the runs with a `structure`, where any has one), and budget,
-        max_budget_spent when the spec has a total budget. Missing values (no run, one seed's
-        SE) are null.
+        max_budget_spent when the spec has a total budget, device and device_name (where the
+        GPs lived: `--device`, and its hardware). Missing values (no run, one seed's SE) are
+        null.
     summary.md     the rows as a table, per-environment orderings, failures and these definitions.
     <env>.png      average reward and cumulative regret against t for every policy.
 
@@ -80,6 +81,7 @@ from agent.paths import ExamplesNotFound, example_spec, examples_dir
 from bench.fidelity_report import FIDELITY_COLUMNS, fidelity_row, plot_cost, ql_row
 from bench.harness.episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
 from bench.report import (
+    device_info,
     machine_info,
     markdown_table,
     print_table,
@@ -119,6 +121,7 @@ def plan(
     seeds: int,
     rounds: int,
     settings: Sequence[Setting] = (),
+    device: str = "cpu",
 ) -> list[RunConfig]:
     """Every (env, policy, seed) run, validated before anything starts.
 
@@ -143,7 +146,7 @@ def plan(
         for policy in policies:
             chosen = _settings_for(policy, spec_path, settings)
             configs += [
-                RunConfig(env, policy, seed, rounds, chosen, str(spec_path))
+                RunConfig(env, policy, seed, rounds, chosen, str(spec_path), device)
                 for seed in range(seeds)
             ]
     return configs
@@ -215,6 +218,7 @@ def run(
     workers: int | None = None,
     force: bool = False,
     console: Console | None = None,
+    device: str = "cpu",
 ) -> RegretResult:
     """Plan, play (or load) every run, then write and print the summary.
 
@@ -226,7 +230,7 @@ def run(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise BadArguments(f"workers must be at least 1 (got {workers})")
-    configs = plan(envs, policies, seeds, rounds, settings)
+    configs = plan(envs, policies, seeds, rounds, settings, device)
     out = Path(out)
     results = {} if force else _load_finished(configs, out)
     todo = [c for c in configs if _key(c) not in results]
@@ -267,7 +271,8 @@ def _load_finished(configs: Sequence[RunConfig], out: Path) -> dict[tuple, dict[
             payload = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        saved = {k: payload.get(k) for k in config.identity()}
+        # runs saved before `device` existed ran on the CPU
+        saved = {k: payload.get(k, "cpu" if k == "device" else None) for k in config.identity()}
         if saved != plain(config.identity()):
             raise BadArguments(
                 f"{path} was run with {saved}, not {plain(config.identity())}; "
@@ -503,12 +508,15 @@ def _write_summary(
         "settings": {c.policy: c.settings for c in configs if c.settings},
         "workers": workers,
         "threads_per_worker": 1,
+        **device_info(configs[0].device),
     }
+    for row in rows:
+        row.update(device_info(configs[0].device))
     ranks = orderings(rows)
     summary = {
         "schema": SUMMARY_SCHEMA,
         "version": SUMMARY_VERSION,
-        "machine": machine_info(),
+        "machine": machine_info(configs[0].device),
         "config": config,
         "rows": rows,
         "orderings": ranks,
@@ -532,7 +540,8 @@ def _write_summary(
 def _title(config: Mapping[str, Any]) -> str:
     return (
         f"Regret benchmark: {config['seeds']} seeds × {config['rounds']} rounds "
-        "(metrics at the last round, mean over seeds)"
+        f"(metrics at the last round, mean over seeds; {config['device']}: "
+        f"{config['device_name']})"
     )
 
 

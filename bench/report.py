@@ -14,16 +14,27 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from core.devices import device_name, resolve_device
 
-def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    return {
+
+def machine_info(device: str | None = None) -> dict[str, Any]:
+    """What the numbers were measured on; with `device`, where the models lived (`device_info`)."""
+    info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": device_name("cpu"),
         "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+    return info if device is None else {**info, **device_info(device)}
+
+
+def device_info(device: str) -> dict[str, str]:
+    """`device` (`cpu`, `cuda:0`, ...: as `core.devices.resolve_device` reads it) and the
+    hardware's name, for every JSON row and table a `--device` benchmark writes."""
+    resolved = resolve_device(device)
+    return {"device": str(resolved), "device_name": device_name(resolved)}
 
 
 def write_json(path: Path, payload: Any) -> None:

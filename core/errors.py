@@ -9,7 +9,7 @@ roots of their own.
 
 from __future__ import annotations
 
-__all__ = ["CoreError", "ExpressionError", "NumericalError", "SpecError"]
+__all__ = ["CoreError", "DeviceError", "ExpressionError", "NumericalError", "SpecError"]
 
 
 class CoreError(Exception):
@@ -18,6 +18,10 @@ class CoreError(Exception):
 
 class NumericalError(CoreError, RuntimeError):
     """A matrix that must be positive definite stayed indefinite even after adding jitter."""
+
+
+class DeviceError(CoreError, ValueError):
+    """A device that cannot hold the models: not a torch device, or CUDA asked for and absent."""
 
 
 class SpecError(CoreError, ValueError):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.devices import resolve_device
 from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
 from core.gp.bounded import make_gp
@@ -112,7 +113,7 @@ class NetworkModel:
     ) -> None:
         self.spec = spec
         self.deferred_refits = deferred_refits
-        self.dtype, self.device = dtype, torch.device(device)
+        self.dtype, self.device = dtype, resolve_device(device)
         self.reward_node = spec.reward.node
         # Array nodes (paper 002) have a `FieldModel` each, built on first use; a reward over
         # them (or a registered metric) is a `FieldReward`.

@@ -23,8 +23,14 @@ def test_gp_update_benchmark_writes_json_and_plot(tmp_path):
         "bytes_per_node",
         "mean_rel_diff",
         "variance_rel_diff",
+        "device",
+        "device_name",
     }
     assert all(set(row) == fields for row in saved["rows"])
+    assert {(row["device"], row["device_name"]) for row in saved["rows"]} == {
+        (saved["devices"][0]["device"], saved["devices"][0]["device_name"])
+    }
+    assert saved["devices"][0]["device"] == "cpu" and saved["devices"][0]["device_name"]
     # checked against BoTorch's exact posterior: the mean and the variance
     assert all(row["variance_rel_diff"] < 1e-6 for row in saved["rows"])
     assert all(row["append_s"] > 0 and row["bytes_per_node"] > 0 for row in saved["rows"])

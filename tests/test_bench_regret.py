@@ -37,6 +37,7 @@ RUN_FIELDS = {
     "rounds",
     "settings",
     "spec",
+    "device",
     "status",
     "stop_reason",
     "error",
@@ -116,6 +117,7 @@ def test_tiny_run_writes_every_promised_file(tiny):
         assert set(row) >= ROW_FIELDS
         assert "budget" not in row  # the specs have no total budget
         assert (row["seeds"], row["rounds"], row["seeds_failed"]) == (SEEDS, ROUNDS, 0)
+        assert row["device"] == "cpu" and row["device_name"]
     assert set(summary["orderings"]) == set(ENVS)
     markdown = (out / "summary.md").read_text()
     assert "| env | policy | seeds |" in markdown and "## Orderings" in markdown
@@ -127,7 +129,7 @@ def test_run_json_records_every_round(tiny):
     for path in run_files(out):
         run = json.loads(path.read_text())
         assert set(run) == RUN_FIELDS
-        assert run["status"] == "ok" and run["error"] is None
+        assert run["status"] == "ok" and run["error"] is None and run["device"] == "cpu"
         env = make_environment(run["env"], run["seed"])
         # no constraints in these specs: the paper's design, charged like every round
         assert run["initial_design_source"] == "paper"

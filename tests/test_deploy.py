@@ -819,6 +819,62 @@ def test_install_script_installs_torch_first_then_the_project(tmp_path: Path) ->
     assert not any(str(ROOT) in step for step in deps)
 
 
+CUDA_INDEX = "https://download.pytorch.org/whl/cu128"
+
+
+@pytest.mark.integration
+def test_the_cuda_image_variant_is_the_same_recipe_with_a_cuda_index(tmp_path: Path) -> None:
+    """`make image IMAGE=cbo-agent:cuda TORCH_INDEX_URL=<CUDA index>` reaches the build as a
+    build argument the Dockerfile declares and hands to deploy/install.sh, which installs the
+    pinned torch from that index. Checked through the scripts' dry runs: nothing is built and
+    no CUDA wheel is downloaded."""
+    make = run(
+        [
+            require("make"),
+            "-n",
+            "image",
+            "IMAGE=cbo-agent:cuda",
+            "MOSQUITTO_IMAGE=",
+            f"TORCH_INDEX_URL={CUDA_INDEX}",
+        ],
+        cwd=ROOT,
+    )
+    assert make.returncode == 0, make.stderr
+    recipe = shlex.split(make.stdout.replace("\\\n", " "))
+    assert f"TORCH_INDEX_URL={CUDA_INDEX}" in recipe and "IMAGE=cbo-agent:cuda" in recipe
+    assert recipe[-2:] == ["bash", "deploy/image/build.sh"]
+
+    environment = {"PATH": os.environ["PATH"], "CBO_DRY_RUN": "1", "IMAGE": "cbo-agent:cuda"}
+    built = {}
+    for index in (CUDA_INDEX, None):  # the CUDA variant, then the default (CPU) image
+        extra = {"TORCH_INDEX_URL": index} if index else {}
+        result = run(
+            ["bash", "deploy/image/build.sh"],
+            cwd=ROOT,
+            env=environment | {"ENGINE": "docker", **extra},
+        )
+        assert result.returncode == 0, result.stderr
+        command = shlex.split(result.stdout.strip().splitlines()[-1])
+        assert command[:2] == ["docker", "build"] and command[-3:] == ["-f", "Dockerfile", "."]
+        pairs = [command[i + 1] for i, word in enumerate(command) if word == "--build-arg"]
+        built[index] = dict(pair.split("=", 1) for pair in pairs)
+        assert command[command.index("-t") + 1] == "cbo-agent:cuda"
+    assert built[CUDA_INDEX] == {"TORCH_INDEX_URL": CUDA_INDEX}
+    assert built[None] == {}  # the Dockerfile's default: PyTorch's CPU index
+    declared = set(re.findall(r"^ARG (\w+)", dockerfile(), re.MULTILINE))
+    assert set(built[CUDA_INDEX]) <= declared
+    torch_layer = next(r for r in dockerfile().split("\nRUN ") if "--torch-only" in r)
+    assert 'TORCH_INDEX_URL="${TORCH_INDEX_URL}"' in torch_layer
+
+    steps = run(
+        ["bash", str(INSTALL), "--torch-only", str(tmp_path / "venv")],
+        env={"PATH": os.environ["PATH"], "CBO_DRY_RUN": "1", "TORCH_INDEX_URL": CUDA_INDEX},
+    )
+    assert steps.returncode == 0, steps.stderr
+    pin = re.search(r'torch_version="\$\{TORCH_VERSION:-([^}]+)\}"', INSTALL.read_text())
+    assert pin and f"--index-url {CUDA_INDEX} torch=={pin.group(1)}" in steps.stdout
+
+
 @pytest.mark.integration
 def test_make_passwd_writes_hashed_users(tmp_path: Path) -> None:
     if shutil.which("mosquitto_passwd") is None:

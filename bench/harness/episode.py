@@ -55,6 +55,7 @@ class RunConfig:
     rounds: int
     settings: dict[str, Any] = field(default_factory=dict)
     spec: str = ""  # path of the experiment spec, resolved by the parent process
+    device: str = "cpu"  # where the GPs live (`core.devices.resolve_device`)
 
     def identity(self) -> dict[str, Any]:
         """The fields a resumed run must match (not the spec path: a checkout may move)."""
@@ -152,7 +153,7 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
 
     env = make_environment(config.env, config.seed)
     spec = spec_for(env, load_spec(config.spec))
-    model = NetworkModel(spec)
+    model = NetworkModel(spec, device=config.device)
     policy = make_policy(config.policy, spec, config.settings)
     optimum = env.optimum
     payload.update(

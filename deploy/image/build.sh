@@ -15,6 +15,11 @@
 #                     configured on this machine: empty, so the build uses pip's sources)
 #   CBO_HOST_PIP      podman only: 1 mounts this machine's pip configuration (its indexes,
 #                     find-links, certificate bundle) into the install steps, 0 does not  (1)
+#   CBO_DRY_RUN       1: print the service image's build command and stop (nothing is built) (0)
+#
+# The CUDA variant is the same recipe with a CUDA wheel index of PyTorch:
+#   make image IMAGE=cbo-agent:cuda MOSQUITTO_IMAGE= \
+#     TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 #
 # With podman, CONTAINERS_CONF defaults to deploy/image/containers.conf (runc, ulimits a root
 # without CAP_SYS_RESOURCE may set). Nothing of this machine's configuration stays in the image.
@@ -71,6 +76,11 @@ esac
 [ -n "$base" ] && args+=(--build-arg "PYTHON_IMAGE=$base")
 [ -n "${TORCH_INDEX_URL+set}" ] && args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 
+if [ "${CBO_DRY_RUN:-0}" = 1 ]; then
+  printf '%q ' "$engine" build "${args[@]}" -t "$image" -f Dockerfile .
+  echo
+  exit 0
+fi
 "$engine" build "${args[@]}" -t "$image" -f Dockerfile .
 size="$("$engine" image inspect --format '{{.Size}}' "$image")"
 echo "build: $image with $engine in $((SECONDS - started)) s, $((size / 1000000)) MB"
