@@ -175,6 +175,16 @@ class FidelityPolicy(Policy):
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
+        design = self.design_proposal(model, constraints)
+        if design is not None:
+            return design
+        seen = trials(self.spec, model)
+        gp = self.fitted(model)
+        return self.decide(gp, seen, constraints)
+
+    def design_proposal(self, model: NetworkModel, constraints: Constraints) -> Proposal | None:
+        """The next trial of the initial design (at q_max), or None once it is played (or
+        when its trial no longer fits the round cap)."""
         started = len(model.history)
         levels = self.design_levels()
         if started < self.design_size * len(levels):
@@ -183,9 +193,7 @@ class FidelityPolicy(Policy):
             q = self.fidelity.q_max
             if self.fits(tau, q, constraints):
                 return self.proposal(theta, tau, q, math.nan, {"design": True})
-        seen = trials(self.spec, model)
-        gp = self.fitted(model)
-        return self.decide(gp, seen, constraints)
+        return None
 
     def decide(self, gp: FidelityGP, seen: Trials, constraints: Constraints) -> Proposal:
         raise NotImplementedError(type(self).__name__)

@@ -148,7 +148,9 @@ def test_a_fidelity_spec_names_its_levers_and_prices_q_tau() -> None:
 
 def _play(name: str, budget: float, rounds: int, seed: int = 0) -> tuple[NetworkModel, list]:
     spec = parse_spec(fidelity_spec(constraints={"budget_total": budget}))
-    policy = make_policy(name, spec, {"grid_size": 60, "restarts": 1} if name != "random" else {})
+    policy = make_policy(
+        name, spec, {} if name in {"random", "hyperband"} else {"grid_size": 60, "restarts": 1}
+    )
     model, spent, proposals = NetworkModel(spec), 0.0, []
     noise = torch.Generator().manual_seed(seed)
     rng = torch.Generator().manual_seed(seed)
@@ -198,3 +200,53 @@ def test_a_multi_fidelity_policy_refuses_a_plain_spec() -> None:
     del plain["fidelity"]
     with pytest.raises(ValueError, match="fidelity"):
         make_policy("besd", parse_spec(plain))
+
+
+# ---- Hyperband and mfkg (issue 14's other baselines) -------------------------------------------
+
+
+def test_hyperband_stops_configurations_on_short_trials_and_stays_within_budget() -> None:
+    """Every trial is an admissible (θ, τ ∈ 𝒯, q_max); configurations start at the cheapest
+    level, some are stopped there by successive halving, and some reach τ_max."""
+    _, proposals = _play("hyperband", budget=400.0, rounds=200)
+    assert sum(p.cost for p in proposals) <= 400.0 + 1e-9
+    assert all(p.intervention["tau"] in (2.0, 5.0, 10.0) for p in proposals)
+    assert all(p.intervention["reps"] == 4.0 for p in proposals)
+    by_configuration: dict[int, list[float]] = {}
+    for p in proposals:
+        by_configuration.setdefault(p.diagnostics["configuration"], []).append(
+            p.intervention["tau"]
+        )
+    levels = list(by_configuration.values())
+    assert all(taus == sorted(taus) and taus[0] == 2.0 for taus in levels)
+    assert any(taus[-1] == 10.0 for taus in levels)  # some configuration reached R
+    assert any(taus == [2.0] for taus in levels[:-1])  # and some were stopped early
+
+
+def test_hyperband_maps_resources_to_the_levels_of_the_spec() -> None:
+    spec = parse_spec(fidelity_spec())
+    policy = make_policy("hyperband", spec)
+    # r units of τ_max / 81 rounded up to a level: 1, 3, 9 → 2; 27 → 5; 81 → 10
+    assert policy.resource_levels() == [(2.0, 9), (5.0, 27), (10.0, 81)]
+    with pytest.raises(ValueError, match="replications"):
+        make_policy("hyperband", spec, {"replications": 3})
+
+
+@pytest.mark.slow
+def test_mfkg_proposes_admissible_cost_aware_trials_within_budget() -> None:
+    """BoTorch's multi-fidelity KG: after the shared design, trials at levels of 𝒯 with q_max,
+    never over the budget; its cost model is the spec's q·τ."""
+    spec = parse_spec(fidelity_spec())
+    policy = make_policy("mfkg", spec, {"grid_size": 60})
+    model = policy.cost_model()
+    for tau in (2.0, 5.0, 10.0):
+        x = torch.tensor([[0.3, tau / 10.0]], dtype=torch.float64)
+        assert float(model(x.unsqueeze(0))) == pytest.approx(4.0 * tau)
+    _, proposals = _play("mfkg", budget=300.0, rounds=14)
+    assert sum(p.cost for p in proposals) <= 300.0 + 1e-9
+    chosen = [p for p in proposals if not p.diagnostics.get("design")]
+    assert chosen, "the design used the whole budget"
+    for p in chosen:
+        assert p.intervention["tau"] in (2.0, 5.0, 10.0)
+        assert p.intervention["reps"] == 4.0
+        assert 0.0 <= p.intervention["x"] <= 1.0
