@@ -22,9 +22,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import torch
 
-from sim.base import ActionInfo, Environment, NodeInfo, Optimum
+from sim._episodes import EpisodeEnvironment
+from sim.base import ActionInfo, NodeInfo
 
 __all__ = ["AGENTS", "OBS", "MaMuJoCoSwimmer", "blocks", "linear_actions", "parameter_count"]
 
@@ -53,8 +53,11 @@ def linear_actions(theta: np.ndarray, obs: np.ndarray) -> np.ndarray:
     return np.tanh((layout[:, :OBS] * obs).sum(-1) + layout[:, OBS])
 
 
-class MaMuJoCoSwimmer(Environment):
+class MaMuJoCoSwimmer(EpisodeEnvironment):
     """MaMuJoCo's 2×1 Swimmer with the agents' linear-policy parameters θ as the action."""
+
+    oracle_episodes = ORACLE_EPISODES
+    reference_return = REFERENCE
 
     def __init__(self) -> None:
         with warnings.catch_warnings():  # gymnasium-robotics warns about unrelated Adroit envs
@@ -89,31 +92,3 @@ class MaMuJoCoSwimmer(Environment):
             if any(terminated.values()) or any(truncated.values()):
                 break
         return total
-
-    def _theta(self, values: dict[str, float]) -> np.ndarray:
-        return np.array([values.get(f"theta.{i}", 0.0) for i in range(self.dim)])
-
-    def cost(self, intervention) -> float:
-        """One episode costs 1, as the spec's `parameters.cost`."""
-        return 1.0 if intervention else 0.0
-
-    def _sample(
-        self, values: dict[str, float], num: int, generator: torch.Generator | None
-    ) -> dict[str, torch.Tensor]:
-        theta = self._theta(values)
-        seeds = torch.randint(0, 2**31 - 1, (num,), generator=generator).tolist()
-        returns = [self.episode(theta, seed) for seed in seeds]
-        return {"R": torch.tensor(returns, dtype=torch.float64)}
-
-    def expected_reward(self, intervention) -> float:
-        theta = self._theta(self.validate(intervention))
-        return float(np.mean([self.episode(theta, 10_000 + k) for k in range(ORACLE_EPISODES)]))
-
-    def _compute_optimum(self) -> Optimum:
-        return Optimum({f"theta.{i}": 0.0 for i in range(self.dim)}, REFERENCE)
-
-    def initial_design(self, seed: int) -> list[dict[str, float]]:
-        """Two uniform random θ, the same for every policy of a seed."""
-        g = torch.Generator().manual_seed(seed)
-        draws = torch.rand(2, self.dim, generator=g, dtype=torch.float64) * 2.0 - 1.0
-        return [{f"theta.{i}": float(v) for i, v in enumerate(row)} for row in draws]
