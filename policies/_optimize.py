@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from botorch.acquisition import AcquisitionFunction
+from botorch.exceptions.errors import OptimizationGradientError
 from botorch.exceptions.warnings import OptimizationWarning
 from botorch.optim import optimize_acqf
 from botorch.optim.initializers import initialize_q_batch
@@ -157,18 +158,24 @@ def maximize(
         if not depends_on_input(fn, starts[:1]):
             # flat (a model with no data yet): every point scores the same, no gradient to follow
             return BoxResult(best_x, best_v, cut, time.monotonic() - started)
-        x, value = optimize_acqf(
-            _FunctionAcquisition(fn),
-            bounds=torch.stack([lower, upper]),
-            q=1,
-            num_restarts=len(starts),
-            raw_samples=None,
-            options={"maxiter": maxiter, "batch_limit": len(starts)},
-            inequality_constraints=inequality_constraints,
-            batch_initial_conditions=starts.unsqueeze(-2),
-            timeout_sec=remaining,
-            retry_on_optimization_warning=False,
-        )
+        try:
+            x, value = optimize_acqf(
+                _FunctionAcquisition(fn),
+                bounds=torch.stack([lower, upper]),
+                q=1,
+                num_restarts=len(starts),
+                raw_samples=None,
+                options={"maxiter": maxiter, "batch_limit": len(starts)},
+                inequality_constraints=inequality_constraints,
+                batch_initial_conditions=starts.unsqueeze(-2),
+                timeout_sec=remaining,
+                retry_on_optimization_warning=False,
+            )
+        except OptimizationGradientError:
+            # NaN gradients at a start (seen: EICBO on noiseless nodes, found by
+            # tests/test_policies_properties.py): the climb cannot run; the best scored start
+            # is the answer rather than no proposal at all
+            return BoxResult(best_x, best_v, cut, time.monotonic() - started)
     seconds = time.monotonic() - started
     value = float(value.reshape(-1)[0])
     if math.isfinite(value) and value >= best_v:
@@ -389,14 +396,17 @@ def maximize_joint(
         remaining = timeout - (time.monotonic() - started)
         if remaining <= 0 or not depends_on_input(fn, x0[:1]):
             return JointResult(best_x, best_v, cut or remaining <= 0, _since(started), 0)
-        x, values = gen_candidates_scipy(
-            x0.unsqueeze(-2),
-            _FunctionAcquisition(fn),
-            lower_bounds=lower[who].unsqueeze(-2),
-            upper_bounds=upper[who].unsqueeze(-2),
-            options={"maxiter": maxiter},
-            timeout_sec=remaining,
-        )
+        try:
+            x, values = gen_candidates_scipy(
+                x0.unsqueeze(-2),
+                _FunctionAcquisition(fn),
+                lower_bounds=lower[who].unsqueeze(-2),
+                upper_bounds=upper[who].unsqueeze(-2),
+                options={"maxiter": maxiter},
+                timeout_sec=remaining,
+            )
+        except OptimizationGradientError:  # NaN gradients: as in `maximize`, the best start
+            return JointResult(best_x, best_v, cut, _since(started), len(x0))
     x = torch.minimum(torch.maximum(x.reshape(-1, dim).detach(), lower[who]), upper[who])
     values = torch.where(torch.isfinite(values.detach()), values.detach(), -math.inf)
     best_v, best_x = _per_box_best(best_v, best_x, values.reshape(-1), x, who)

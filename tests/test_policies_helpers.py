@@ -37,6 +37,14 @@ FAST: dict[str, dict[str, Any]] = {
     "besd": {"grid_size": 40, "alternatives": 16, "restarts": 0},
     "ei": {"grid_size": 40, "restarts": 0},
     "lcb": {"grid_size": 40, "restarts": 0},
+    "hyperband": {},
+    "mfkg": {
+        "grid_size": 40,
+        "fantasies": 8,
+        "acquisition_restarts": 2,
+        "raw_samples": 16,
+        "maxiter": 10,
+    },
     # paper 000's policies (parameter-vector specs only)
     "hagpucb": {"candidates": 32, "sweeps": 1},
     "addgpucb": {"candidates": 32, "sweeps": 1},

@@ -309,3 +309,34 @@ def test_every_policy_proposes_on_every_example_before_any_data(path):
     for name in applicable(spec):
         policy = make_policy(name, spec, FAST[name])
         check(policy, spec, constraints, NetworkModel(spec), torch.Generator().manual_seed(0))
+
+
+def test_eicbo_on_noiseless_decomposed_nodes_proposes_despite_nan_gradients():
+    """Found by the property test above: EICBO on noiseless components (y = f0·f1 + f0, hard
+    interventions, 3 rounds) gave NaN gradients to BoTorch's climb, which raised instead of
+    proposing; the best scored start is the proposal then."""
+    nodes = [
+        {"name": "f0", "parents": [], "bounds": [-2.0, 2.0], "noise_std": 0.0},
+        {"name": "f1", "parents": [], "bounds": [-2.0, 2.0], "noise_std": 0.0},
+        {"name": "y", "parents": ["f0", "f1"], "bounds": [-10.0, 10.0]},
+    ]
+    actions = [
+        {"name": "a0", "targets": ["f0"], "bounds": [-1.0, 1.0]},
+        {"name": "a1", "targets": ["f1"], "bounds": [-1.0, 1.0]},
+    ]
+    reward = {"node": "y", "components": ["f0", "f1"], "aggregation": "expression"}
+    spec = parse_spec(
+        {
+            "name": "decomposed",
+            "intervention": "hard",
+            "nodes": nodes,
+            "actions": actions,
+            "target_sets": [[], ["a0", "a1"]],
+            "reward": {**reward, "expression": "f0 * f1 + f0"},
+        }
+    )
+    settings_ = {**FAST["eicbo"], "cost_aware": False}
+    constraints = Constraints(max_interventions=None, budget_per_round=None, budget_remaining=None)
+    model = trained(spec, 3, 0)
+    policy = make_policy("eicbo", spec, settings_)
+    check(policy, spec, constraints, model, torch.Generator().manual_seed(0))
