@@ -832,6 +832,7 @@ def test_the_cuda_image_variant_is_the_same_recipe_with_a_cuda_index(tmp_path: P
         [
             require("make"),
             "-n",
+            "--no-print-directory",  # under `make test` (MAKELEVEL 1) make names the directory
             "image",
             "IMAGE=cbo-agent:cuda",
             "MOSQUITTO_IMAGE=",
