@@ -166,11 +166,9 @@ class BoundedGP(IncrementalGP):
         mask = torch.as_tensor(mask, dtype=torch.bool)
         if k == 1:
             return self.learn_one(x[:, 0], y[:, 0], mask[:, 0], refit=refit)
-        if self._within_capacity(mask.sum(-1).tolist()):
-            report = super().learn_block(x, y, mask, refit=refit)
-            for j, count in enumerate(mask.sum(-1).tolist()):
-                self._seen[j] += int(count)
-            return report
+        counts = mask.sum(-1).tolist()
+        if self._within_capacity(counts):
+            return self._counted(super().learn_block(x, y, mask, refit=refit), counts)
         largest = torch.full((self.batch,), float("nan"), dtype=self.dtype, device=self.device)
         merged = LearnReport(surprise=largest)
         for i in range(k):
@@ -199,11 +197,14 @@ class BoundedGP(IncrementalGP):
             [x.shape[1]] * self.batch if mask is None else torch.as_tensor(mask).sum(-1).tolist()
         )
         if self._within_capacity(counts):
-            report = super().learn_many(x, y, mask, refit=refit)
-            for j in range(self.batch):
-                self._seen[j] += int(counts[j])
-            return report
+            return self._counted(super().learn_many(x, y, mask, refit=refit), counts)
         return self.learn_block(x, y, mask, refit=refit)
+
+    def _counted(self, report: LearnReport, counts: list[int]) -> LearnReport:
+        """`report` of an exact learn of counts[j] rows per member; those rows count as seen."""
+        for j, count in enumerate(counts):
+            self._seen[j] += int(count)
+        return report
 
     def _within_capacity(self, counts: list[int]) -> bool:
         """Whether learning counts[j] more rows keeps every member exact (and none is skipped)."""
