@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import random
+import select
 import ssl
 import time
 import uuid
@@ -53,6 +54,10 @@ _PROTOCOL_REFUSAL_CODES: Final = frozenset({1, 0x84})
 _SUBSCRIBE_FAILURE_CODE: Final = 0x80  # lowest failure code of SUBACK, both versions
 _URL_SCHEMES: Final = {"mqtt": (False, 1883), "tcp": (False, 1883), "mqtts": (True, 8883)}
 _GOODBYE_TIMEOUT_S: Final = 2.0  # a clean exit must not hang on a dying broker
+# Packets paho reads per readable-socket callback, and messages handed over per batch, at most:
+# a burst that is already on the socket is taken in one event-loop turn, yet a flood cannot
+# keep the loop from its other tasks for long.
+READ_BURST: Final = 512
 
 
 class MqttConnectionError(Exception):
@@ -365,14 +370,30 @@ class MqttConnection:
                 message = await anext(iterator)
             except aiomqtt.MqttError as error:
                 raise ConnectionLostError(str(error)) from error
-            yield IncomingMessage(
-                topic=message.topic.value,
-                payload=bytes(message.payload),  # type: ignore[arg-type]  # always bytes from paho
-                qos=message.qos,
-                retain=bool(message.retain),
-                mid=message.mid,
-                received_at=time.time(),
-            )
+            yield _incoming(message, time.time())
+
+    async def message_batches(
+        self, limit: int = READ_BURST
+    ) -> AsyncIterator[list[IncomingMessage]]:
+        """Messages of every subscription in arrival order, as lists: each waits for one message,
+        then takes (up to `limit`) every message already received, without waiting again.
+
+        aiomqtt hands messages over one at a time, each through a task of its own and a few
+        event-loop turns; a busy consumer (a fleet replica) takes what came in one go instead.
+        Nothing is lost between batches: a message not yet taken stays in the client's queue.
+        ConnectionLostError when the connection breaks.
+        """
+        client = self._require_client()
+        iterator, queue = client.messages, _message_queue(client)
+        while True:
+            try:
+                raw = [await anext(iterator)]
+            except aiomqtt.MqttError as error:
+                raise ConnectionLostError(str(error)) from error
+            while queue is not None and len(raw) < limit and not queue.empty():
+                raw.append(queue.get_nowait())
+            now = time.time()
+            yield [_incoming(message, now) for message in raw]
 
     def _require_client(self) -> aiomqtt.Client:
         if self._client is None:
@@ -396,6 +417,7 @@ class MqttConnection:
             _abandon(client)
             raise
         client.timeout = config.timeout_s
+        _read_in_bursts(paho_client(client))
         return client
 
     def _build_client(self, protocol: Protocol, timeout_s: float) -> aiomqtt.Client:
@@ -464,6 +486,64 @@ def _abandon(client: aiomqtt.Client) -> None:
     inner = getattr(client, "_client", None)  # see `paho_client`; never raise on this path
     if inner is not None:
         inner.disconnect()
+
+
+def _incoming(message: aiomqtt.Message, received_at: float) -> IncomingMessage:
+    return IncomingMessage(
+        topic=message.topic.value,
+        payload=bytes(message.payload),  # type: ignore[arg-type]  # always bytes from paho
+        qos=message.qos,
+        retain=bool(message.retain),
+        mid=message.mid,
+        received_at=received_at,
+    )
+
+
+def _message_queue(client: aiomqtt.Client) -> asyncio.Queue[aiomqtt.Message] | None:
+    """The queue aiomqtt's `messages` iterator reads (private `_queue`: aiomqtt has no public
+    way to take what is already there without a task per message); None on a version that
+    keeps none there, and batches are then of one message."""
+    queue = getattr(client, "_queue", None)
+    return queue if isinstance(queue, asyncio.Queue) else None
+
+
+def _read_in_bursts(inner: paho.Client) -> None:
+    """Make paho read every packet already on the socket when the event loop says it is
+    readable, up to READ_BURST, instead of one.
+
+    aiomqtt's reader callback calls `loop_read()` once per readable event, and paho's reads one
+    packet (it reads more only while it has QoS 2 or outgoing messages in flight): a burst of
+    N messages takes N event-loop turns, each a `select` over every socket and a round of every
+    ready task. This replaces `loop_read` on this paho client with one that reads again while
+    the socket still has bytes (a zero-timeout poll) — the same packets in the same order,
+    with paho's own error handling, and aiomqtt's handling of what it raises.
+    """
+    read_one = inner.loop_read
+    poller: select.poll | None = None
+    polled = -1
+
+    def readable() -> bool:
+        nonlocal poller, polled
+        sock = inner.socket()
+        if sock is None:
+            return False
+        fd = sock.fileno()
+        if fd < 0:
+            return False
+        if poller is None or polled != fd:
+            poller, polled = select.poll(), fd
+            poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+
+    def loop_read(max_packets: int = 1) -> paho.MQTTErrorCode:
+        rc = read_one(max_packets)
+        for _ in range(READ_BURST - 1):
+            if rc != paho.MQTT_ERR_SUCCESS or not readable():
+                break
+            rc = read_one(max_packets)
+        return rc
+
+    inner.loop_read = loop_read  # type: ignore[method-assign]
 
 
 def paho_client(client: aiomqtt.Client) -> paho.Client:

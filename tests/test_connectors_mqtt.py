@@ -494,6 +494,49 @@ def test_generated_client_ids_are_stable_once_set() -> None:
     assert BrokerConfig().with_client_id().client_id != config.client_id
 
 
+def _publish_burst(port: int, payloads: list[bytes]) -> None:
+    """Publish at QoS 0 (no in-flight window) from a blocking paho client, the last at QoS 1:
+    once its PUBACK is in, the broker has them all."""
+    import paho.mqtt.client as paho
+
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        topic = topics.reading("exp1", "s1")
+        for payload in payloads[:-1]:
+            client.publish(topic, payload, qos=0)
+        client.publish(topic, payloads[-1], qos=1).wait_for_publish(WAIT_S)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+@pytest.mark.integration
+async def test_a_burst_already_on_the_socket_comes_in_a_batch_or_two_in_order(
+    mosquitto: MosquittoBroker,
+) -> None:
+    """300 messages wait on the subscriber's socket while its event loop is blocked; once the
+    loop runs, `message_batches` hands them over in arrival order in at most a few batches
+    (paho reads every packet already on the socket per readable event, and the batch takes all
+    that aiomqtt queued). One packet per event-loop turn would take about 300 batches."""
+    config = config_for(mosquitto.port)
+    async with MqttConnection(config) as subscriber:
+        await subscriber.subscribe(topics.device_filter("reading"), qos=1)
+        batches = subscriber.message_batches()
+        # published from another client while this event loop is blocked, so the burst waits
+        # on the subscriber's socket, not in aiomqtt's queue
+        _publish_burst(mosquitto.port, [encode(reading(round_)) for round_ in range(301)])
+        time.sleep(0.3)  # still blocked: the broker writes the burst to the subscriber's socket
+        received: list[list[IncomingMessage]] = []
+        async with asyncio.timeout(WAIT_S):
+            while sum(map(len, received)) < 301:
+                received.append(await anext(batches))
+    rounds = [decode(m.payload, Reading).round for batch in received for m in batch]
+    assert rounds == list(range(301))
+    assert len(received) <= 3, [len(batch) for batch in received]
+
+
 # ---------------------------------------------------------------------------------------------
 # manual acknowledgement: aiomqtt's private paho client (pinned range, see pyproject.toml)
 
@@ -509,9 +552,14 @@ async def test_installed_aiomqtt_keeps_the_paho_client_manual_acks_need() -> Non
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     line = next(x for x in pyproject.splitlines() if x.strip().startswith('"aiomqtt'))
     assert Requirement(line.strip().strip(",").strip('"')).specifier.contains(aiomqtt.__version__)
-    inner = paho_client(aiomqtt.Client("127.0.0.1"))
+    client = aiomqtt.Client("127.0.0.1")
+    inner = paho_client(client)
     assert isinstance(inner, paho.Client)
     assert callable(inner.ack) and callable(inner.manual_ack_set)
+    # `message_batches` takes what aiomqtt queued from its private `_queue`, and burst reading
+    # replaces paho's `loop_read` on the instance (what aiomqtt's reader callback calls)
+    assert isinstance(client._queue, asyncio.Queue)
+    assert callable(inner.loop_read) and callable(inner.socket)
 
 
 def test_paho_client_says_which_aiomqtt_lacks_it() -> None:
