@@ -23,28 +23,39 @@ When it lets go
     - the process is asked to stop (SIGTERM): every lease is released so other replicas take
       the experiments over at once instead of after the TTL.
 
-A replica taking an experiment over re-publishes every round still open with its new epoch:
-devices drop anything older and send the readings they already published again (docs/
-protocol.md, "Fencing"), so the readings sent while nobody owned it are not lost.
+A replica taking an experiment over re-publishes, with its new epoch, every round still open
+and every round whose feedback is incomplete and was still due when the previous owner may have
+stopped storing (`unanswered`): devices drop anything older and send the readings they
+already published again (docs/protocol.md, "Fencing"), so the readings sent while nobody owned
+it, or that the previous owner received and never stored, are not lost.
+
+What touches the store runs in worker threads, each experiment's calls one at a time (its
+driver awaits each), so the event loop only routes, counts and publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import os
 import re
 import socket
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import structlog
 
 from agent.config import AgentConfig
 from agent.control_topic import answer
 from agent.experiment import Experiment
-from agent.rounds import EventSink, RoundStatus
+from agent.rounds import EventSink, LiveRound, RoundStatus
 from agent.runtime import INBOX_LIMIT, AgentService
+from agent.timers import ack_window
 from connectors.metrics import MetricsServer, Readiness
 from connectors.mqtt import (
     IncomingMessage,
@@ -60,9 +71,8 @@ from core.errors import SpecError
 from core.spec import parse_spec
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
-# On takeover, the last rounds whose feedback may have gone to the old owner are asked again.
-RESEND_RECENT_ROUNDS = 10
 QUARANTINE_S = 60.0  # an experiment that failed to load or crashed is not taken again sooner
 
 
@@ -118,6 +128,7 @@ class _Held:
     paused: bool = False
     task: asyncio.Task[None] | None = None
     owned_since: float = field(default_factory=time.time)
+    load_s: float = 0.0  # acquiring and rebuilding it, before `owned_since`
 
 
 class FleetService(AgentService):
@@ -152,6 +163,10 @@ class FleetService(AgentService):
         self._shared: Store | None = None
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._load_s: dict[str, float] = {}
+        # Renewals and claims have a thread each, not the shared pool where the experiments'
+        # store work and proposals queue: a busy replica must still renew on time.
+        self._renewals = ThreadPoolExecutor(1, thread_name_prefix="renewals")
+        self._claims = ThreadPoolExecutor(1, thread_name_prefix="claims")
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -183,9 +198,12 @@ class FleetService(AgentService):
                 task.cancel()
             held = {name: h.lease.epoch for name, h in self.held.items()}
             self.held.clear()
+            await self._settle()  # the store writes under way, before the leases go
             with contextlib.suppress(StoreError):
                 await asyncio.to_thread(self._release_all, store, held)
             server.close()
+            for executor in (self._renewals, self._claims):  # a pass under way ends first
+                await asyncio.to_thread(executor.shutdown, True)
             if own_store:
                 store.close()
             log.info("fleet.stopped", agent_id=self.owner, released=sorted(held))
@@ -255,7 +273,7 @@ class FleetService(AgentService):
         if not held:
             return
         sent = time.monotonic()
-        results = await asyncio.to_thread(self._renew_all, store, held)
+        results = await _in(self._renewals, self._renew_all, store, held)
         for name, result in results.items():
             mine = self.held.get(name)
             if mine is None or mine.lease.epoch != held[name]:
@@ -301,7 +319,7 @@ class FleetService(AgentService):
             return
         now = time.monotonic()
         skip = {name for name, until in self._quarantine.items() if until > now}
-        taken = await asyncio.to_thread(self._take, store, free, skip)
+        taken = await _in(self._claims, self._take, store, free, skip)
         for lease, built, sent in taken:
             if isinstance(built, Experiment):
                 await self._adopt(lease, built, sent)
@@ -400,7 +418,12 @@ class FleetService(AgentService):
         """Own the experiment: inbox, subscriptions, driver — unless it was dropped meanwhile
         (its lease ran out while the subscriptions were made)."""
         name = exp.name
-        mine = _Held(lease, sent + self.settings.lease_ttl_s, paused=lease.state == "paused")
+        mine = _Held(
+            lease,
+            sent + self.settings.lease_ttl_s,
+            paused=lease.state == "paused",
+            load_s=self._load_s.pop(name, 0.0),
+        )
         self.held[name] = mine
         self.experiments[name] = exp
         self._inboxes[name] = asyncio.Queue(maxsize=INBOX_LIMIT)
@@ -416,7 +439,7 @@ class FleetService(AgentService):
             experiment=name,
             epoch=lease.epoch,
             state=lease.state,
-            load_s=round(self._load_s.pop(name, 0.0), 3),  # acquiring and rebuilding it
+            load_s=round(mine.load_s, 3),  # acquiring and rebuilding it
         )
         if self.held.get(name) is not mine:
             return  # dropped while subscribing: `_drop` has cleaned up
@@ -457,26 +480,18 @@ class FleetService(AgentService):
                 await self._drop(name, "failed", release=True)
 
     async def _take_over(self, exp: Experiment) -> None:
-        """Re-publish, with this replica's epoch, every open round that was published, and the
-        recent rounds that ended without all their feedback: the device drops the old owner's
-        copies and acknowledges again what it applied, with the readings it had sent (an action
-        it never applied and that has expired it refuses, as always)."""
-        missing = exp.missing_readings()
-        recent = sorted(exp.rounds)[-RESEND_RECENT_ROUNDS:]
-        for number in recent:
-            live = exp.rounds[number]
-            if live.is_open:
-                if live.published_at is None:
-                    continue  # `_drive` publishes it first thing
-                if live.status is RoundStatus.ACKED:
-                    await self._publish_action(exp, live.action)  # ack known: readings resent
-                elif not live.action.expired(time.time()):
-                    await self._publish_action(exp, exp.republish(live.number))
-            elif number in missing or live.status is RoundStatus.EXPIRED:
-                await self._publish_action(exp, live.action)
-        for live in exp.open_rounds:  # older open rounds than the recent ones (a deep pipeline)
-            if live.number not in recent and live.published_at is not None:
-                await self._publish_action(exp, live.action)
+        """Re-publish, with this replica's epoch, every round `unanswered` returns: the device
+        drops the old owner's copies and acknowledges again what it applied, with the readings
+        it had sent (an action it never applied and that has expired it refuses, as always)."""
+        mine = self.held[exp.name]
+        # The previous owner's last renewal came at most a heartbeat before it died, and its
+        # lease ran out a TTL later, before we acquired it (and spent `load_s` rebuilding).
+        lapsed = mine.owned_since - mine.load_s - self.settings.lease_ttl_s - self.settings.period_s
+        again = await asyncio.shield(self._beside(_ask_again, exp, lapsed))
+        for action in again:
+            await self._publish_action(exp, action)
+        if again:
+            log.info("fleet.asked_again", rounds=[a.round for a in again])
 
     async def _finished(self, exp: Experiment) -> None:
         """A finished experiment is stopped in the store (no replica takes it again)."""
@@ -530,7 +545,7 @@ class FleetService(AgentService):
         mine = self.held.get(exp.name)
         if mine is None or time.monotonic() >= mine.deadline:
             raise _LeaseExpired(exp.name)
-        state = exp.store.experiment_state(exp.name)
+        state = await asyncio.shield(self._beside(exp.store.experiment_state, exp.name))
         if state == "stopped":
             raise NotRunning(exp.name, action.round, state)
         await super()._publish_action(exp, action.with_epoch(mine.lease.epoch))
@@ -589,3 +604,68 @@ class FleetService(AgentService):
             super()._reject(experiment, kind, message, reason, detail)
         except FencedError as error:  # its dead letter is the new owner's to keep
             log.warning("fleet.dead_letter_fenced", experiment=experiment, error=str(error))
+
+
+async def _in(executor: ThreadPoolExecutor, call: Callable[..., _T], *args: Any) -> _T:
+    """`asyncio.to_thread` on a given executor (with the caller's context: its log binding)."""
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor, functools.partial(context.run, call, *args))
+
+
+def unanswered(exp: Experiment, since: float) -> list[LiveRound]:
+    """The rounds a new owner asks the device about again, in round order: every round open and
+    published, and every round whose feedback is incomplete — closed without all its readings,
+    or expired without an ack (the device may have applied it and its ack gone to the old
+    owner) — whose feedback was still due at `since` (unix time), or later.
+
+    `since` is when the previous owner may have stopped storing what arrived: the earlier of
+    when it may have died (the takeover, less the lease TTL and a heartbeat) and when the
+    newest reading it stored arrived (a replica behind its input received, and never stored,
+    what came after). A round's feedback is due until its action's window ends (`expires_at`)
+    and the spec's round timeout after it; what was due only before `since` reached an owner
+    that was alive and caught up, which stored it or found it missing while it still owned the
+    experiment. So the bound follows the spec's timing, not a count of rounds: a deep pipeline
+    or a burst of incomplete rounds is asked about in full, and a round whose sensor died long
+    ago is not asked again at every takeover.
+    """
+    missing = exp.missing_readings()
+    schedule = exp.spec.schedule
+    rounds = []
+    for number in sorted(exp.rounds):
+        live = exp.rounds[number]
+        if live.is_open:
+            if live.published_at is not None:  # else `_drive` publishes it first thing
+                rounds.append(live)
+            continue
+        if number not in missing and live.status is not RoundStatus.EXPIRED:
+            continue
+        expires = live.action.expires_at
+        window = ack_window(schedule) if expires is None else 0.0
+        due_until = (expires or live.action.issued_at) + window + schedule.round_timeout_s
+        if due_until >= since:
+            rounds.append(live)
+    return rounds
+
+
+def _ask_again(exp: Experiment, lapsed: float) -> list[Action]:
+    """The actions that re-ask `unanswered(exp, since)` (worker thread: reads the store, and
+    records a new attempt of each open round not yet acknowledged and not expired).
+
+    `lapsed` is when the previous owner may have died; `since` is the earlier of that and the
+    arrival of the newest reading stored."""
+    since = lapsed
+    newest = exp.store.last_reading_id(exp.name)
+    if newest:
+        rows = exp.store.readings(exp.name, after_id=newest - 1, limit=1)
+        if rows:
+            since = min(since, rows[0].received_at)
+    actions = []
+    now = exp.clock()
+    for live in unanswered(exp, since):
+        if not live.is_open or live.status is RoundStatus.ACKED:
+            actions.append(live.action)  # applied (or its fate unknown): the same attempt
+        elif not live.action.expired(now):
+            actions.append(exp.republish(live.number))
+        # open, unacknowledged and expired: `due` ends the round, the device would refuse it
+    return actions

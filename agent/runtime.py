@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 
@@ -47,6 +48,7 @@ from connectors.topics import ParsedTopic, TopicError, Topics
 from core.spec import ExperimentSpec
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
 INBOX_BYTES_LIMIT = 64 * 2**20  # per experiment: payload bytes waiting there, also a flood beyond
@@ -228,6 +230,7 @@ class AgentService:
         )
         self.metrics_server: MetricsServer | None = None
         self._last_broker_error: str | None = None
+        self._working: set[asyncio.Future[Any]] = set()  # store work in worker threads
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -317,6 +320,7 @@ class AgentService:
             for task in (connection, letters, kept, watchdog, *drivers):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self._settle()
             self._write_letters(_drain(self._letters_to_store))  # what was still waiting
 
     # ------------------------------------------------------------------ broker reachability
@@ -355,8 +359,10 @@ class AgentService:
             self._offer(inbox, _Incoming("reconnected", None, at=time.monotonic()))
         log.info("agent.subscribed", experiments=list(self.experiments))
         try:
-            async for message in connection.messages():
-                self._route(message, connection)
+            # everything the connection has received is routed in one go (in arrival order)
+            async for batch in connection.message_batches():
+                for message in batch:
+                    self._route(message, connection)
         finally:
             self.readiness.set("broker_connected", False)
             if self.link.connected:
@@ -454,15 +460,19 @@ class AgentService:
         for live in exp.open_rounds:  # recovered rounds that never left before a crash
             if live.published_at is None:
                 await self._publish_action(exp, live.action)
-                exp.mark_published(live.number)
+                await asyncio.shield(self._beside(exp.mark_published, live.number))
         while True:
-            for action in exp.due(exp.ticks()):
+            # What touches the store runs in a worker thread (a PostgreSQL round trip, an
+            # fsync), one call at a time per experiment: this driver awaits each before the
+            # next, so the experiment's writes keep their order and nothing else touches it.
+            due, may = await asyncio.shield(self._beside(_due_and_may, exp, self._may_propose(exp)))
+            for action in due:
                 await self._publish_action(exp, action)
-            if self._may_propose(exp) and exp.can_propose(exp.ticks()):
+            if may:
                 live = await asyncio.to_thread(exp.propose)
                 if live is not None:
                     await self._publish_action(exp, live.action)
-                    exp.mark_published(live.number)
+                    await asyncio.shield(self._beside(exp.mark_published, live.number))
                     continue
             if exp.finished and not exp.in_flight:
                 self.metrics.set_finished(exp.name, True)
@@ -474,6 +484,22 @@ class AgentService:
                 timeout = exp.next_deadline(exp.ticks())
             batch = await self._next_batch(inbox, timeout)
             await self._handle(exp, batch)
+
+    def _beside(self, call: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """`call(*args)` in a worker thread (the experiment's store writes: a PostgreSQL round
+        trip, an fsync), as a future to `await asyncio.shield(...)`: a caller cancelled meanwhile
+        leaves it to finish — a write is not cut in half — and `_settle` waits for it before the
+        store closes."""
+        work = asyncio.ensure_future(asyncio.to_thread(call, *args))
+        self._working.add(work)
+        work.add_done_callback(_settled)
+        work.add_done_callback(self._working.discard)
+        return work
+
+    async def _settle(self) -> None:
+        """Wait for the store work `_beside` started (the service is stopping)."""
+        if self._working:
+            await asyncio.wait(set(self._working))
 
     def _may_propose(self, exp: Experiment) -> bool:
         """Whether the service lets the experiment start rounds now (a fleet's pause says no;
@@ -537,7 +563,9 @@ class AgentService:
         return batch
 
     async def _handle(self, exp: Experiment, batch: list[_Incoming]) -> None:
-        readings: list[tuple[Reading, _Incoming]] = []
+        """Store and learn a batch (in a worker thread: `_apply`), then, on the loop, count and
+        reject what it refused, publish again what a reconnect may have lost, and acknowledge
+        the batch to the broker — only now, when all of it is stored."""
         refits = self.refits.get(exp.name)
         if refits is not None:
             # a refit finished beside the loop: swap it in before this batch is learned (a
@@ -546,35 +574,26 @@ class AgentService:
         for item in batch:
             if item.message is not None:
                 self._inbox_bytes[exp.name] -= len(item.message.payload)
-        for item in batch:
-            # "refitted" wakes an idle driver to install a refit; "wake" re-checks `_may_propose`
-            if item.kind in ("refitted", "wake"):
-                continue
-            if item.kind == "reconnected":
-                # what was published on an earlier connection (or before a restart) and never
-                # acknowledged may have been lost with it: publish it again, same id (unless it
-                # has expired: a device would refuse it, and `due` ends the round)
-                for live in exp.open_rounds:
-                    earlier = live.published_at is not None and live.published_at < item.at
-                    if earlier and live.acked_at is None and not live.action.expired(time.time()):
-                        await self._publish_action(exp, exp.republish(live.number))
-                continue
-            decoded = item.decoded
-            if decoded is None:
-                continue
-            if isinstance(decoded, Reading):
-                readings.append((decoded, item))
-            elif isinstance(decoded, Ack):
-                self._account(exp, "ack", item.message, exp.on_ack(decoded))
-            elif isinstance(decoded, Oracle):
-                self._account(exp, "oracle", item.message, exp.on_oracle(decoded))
-        if readings:
-            verdicts = exp.on_readings([reading for reading, _ in readings])
-            for (_, item), verdict in zip(readings, verdicts, strict=True):
-                self._account(exp, "reading", item.message, verdict)
-            if self.on_learned is not None:
-                routed = [(reading, item.at) for reading, item in readings]
-                self.on_learned(exp.name, routed, time.time())
+        if any(item.decoded is not None or item.kind == "reconnected" for item in batch):
+            work = self._beside(_apply, exp, batch)
+            try:
+                applied = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The driver was cancelled (a fleet let go of the experiment) while the worker
+                # stores the batch: it finishes anyway, and what it stored is acknowledged then,
+                # so the broker's in-flight window does not keep a slot for each message.
+                work.add_done_callback(lambda done: _ack_if_stored(done, batch))
+                raise
+        else:
+            applied = _Applied([], [], [])  # only wake-ups: nothing to store
+        for kind, item, verdict in applied.verdicts:
+            assert item.message is not None  # decoded input always has its message
+            self._account(exp, kind, item.message, verdict)
+        if applied.readings and self.on_learned is not None:
+            routed = [(reading, item.at) for reading, item in applied.readings]
+            self.on_learned(exp.name, routed, time.time())
+        for action in applied.again:
+            await self._publish_action(exp, action)
         if refits is not None:
             refits.maybe_start()  # a refit the schedule made due runs beside the loop
         # Everything in the batch is stored (or deliberately rejected) now: acknowledge it.
@@ -678,6 +697,71 @@ class AgentService:
         while True:
             topic, payload = await self._dead_letters.get()
             await self.link.publish(topic, payload)
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What `_apply` did with a batch: a verdict per ack, oracle value and reading (in batch
+    order), the readings learned, and the actions to publish again after a reconnect."""
+
+    verdicts: list[tuple[str, _Incoming, Verdict]]
+    readings: list[tuple[Reading, _Incoming]]
+    again: list[Action]
+
+
+def _apply(exp: Experiment, batch: list[_Incoming]) -> _Applied:
+    """Store and learn a batch of an experiment's input (worker thread; the experiment's driver
+    waits for it, so nothing else touches the experiment meanwhile). The readings of the batch
+    are learned together, in one block per round.
+
+    A "reconnected" item: what was published on an earlier connection (or before a restart) and
+    never acknowledged may have been lost with it: it is published again, same id (unless it
+    has expired: a device would refuse it, and `due` ends the round) — recorded here, sent by
+    the caller. "refitted" and "wake" items only woke the driver.
+    """
+    verdicts: list[tuple[str, _Incoming, Verdict]] = []
+    readings: list[tuple[Reading, _Incoming]] = []
+    again: list[Action] = []
+    for item in batch:
+        if item.kind == "reconnected":
+            for live in exp.open_rounds:
+                earlier = live.published_at is not None and live.published_at < item.at
+                if earlier and live.acked_at is None and not live.action.expired(time.time()):
+                    again.append(exp.republish(live.number))
+            continue
+        decoded = item.decoded
+        if isinstance(decoded, Reading):
+            readings.append((decoded, item))
+        elif isinstance(decoded, Ack):
+            verdicts.append(("ack", item, exp.on_ack(decoded)))
+        elif isinstance(decoded, Oracle):
+            verdicts.append(("oracle", item, exp.on_oracle(decoded)))
+    if readings:
+        learned = exp.on_readings([reading for reading, _ in readings])
+        for (_, item), verdict in zip(readings, learned, strict=True):
+            verdicts.append(("reading", item, verdict))
+    return _Applied(verdicts, readings, again)
+
+
+def _settled(work: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of work whose caller was cancelled: its error was the caller's."""
+    if not work.cancelled():
+        work.exception()
+
+
+def _ack_if_stored(work: asyncio.Future[_Applied], batch: list[_Incoming]) -> None:
+    if work.cancelled() or work.exception() is not None:
+        return  # not stored: a persistent session delivers it again, or the next owner asks
+    for item in batch:
+        if item.connection is not None and item.message is not None:
+            item.connection.ack(item.message)
+
+
+def _due_and_may(exp: Experiment, may_propose: bool) -> tuple[list[Action], bool]:
+    """The actions due again now, and whether a new round may start (worker thread: both may
+    read or write the store — timeouts end rounds, the budget is read)."""
+    due = exp.due(exp.ticks())
+    return due, may_propose and exp.can_propose(exp.ticks())
 
 
 def _drain(queue: asyncio.Queue[_Letter]) -> list[_Letter]:

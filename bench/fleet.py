@@ -54,7 +54,7 @@ from connectors.mosquitto import MosquittoBroker
 from connectors.store import Store, StoreError
 from core.spec import parse_spec
 
-__all__ = ["Audit", "FleetRig", "FleetRow", "run"]
+__all__ = ["Audit", "FleetRig", "FleetRow", "Takeover", "run"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,6 +102,20 @@ class Audit:
     lost: list[tuple[str, int, str, int, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Takeover:
+    """One experiment of a killed replica, held again: by whom, how long after the kill, how
+    long the victim's lease still ran then, and how much of the time the new owner spent
+    acquiring and rebuilding it (its `load_s`)."""
+
+    experiment: str
+    victim: str
+    owner: str
+    seconds: float
+    lease_left_s: float
+    load_s: float
+
+
 class FleetRig:
     """Broker, store, devices and replicas for one fleet run; a context manager that stops
     everything it started."""
@@ -135,6 +149,7 @@ class FleetRig:
         self.broker: MosquittoBroker | None = None
         self.devices: Child | None = None
         self.replicas: dict[str, Child] = {}
+        self.takeovers: list[Takeover] = []  # every takeover `failover` saw
         self.store = Store(store_url)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -267,6 +282,12 @@ class FleetRig:
         held = {name for name, owner in self.owners().items() if owner == victim}
         self.replicas[victim].kill()
         killed_at = time.time()
+        # when each of its leases runs out (the database's clock; the same machine's)
+        expires = {
+            r.name: r.lease_expires_at or killed_at
+            for r in self.store.experiments()
+            if r.name in held and r.owner == victim
+        }
         took: dict[str, float] = {}
         deadline = time.monotonic() + timeout_s
         while len(took) < len(held) and time.monotonic() < deadline:
@@ -277,6 +298,16 @@ class FleetRig:
                     experiment, at = event["experiment"], _unix(event)
                     if experiment in held and at > killed_at and experiment not in took:
                         took[experiment] = at - killed_at
+                        self.takeovers.append(
+                            Takeover(
+                                experiment,
+                                victim,
+                                name,
+                                seconds=at - killed_at,
+                                lease_left_s=expires.get(experiment, killed_at) - killed_at,
+                                load_s=float(event.get("load_s", 0.0)),
+                            )
+                        )
             time.sleep(0.05)
         return sorted(took.values()) + [math.inf] * (len(held) - len(took))
 

@@ -7,6 +7,7 @@ reading stored, no budget overspent, epochs applied in order.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -58,7 +59,40 @@ def _check(rig: FleetRig, took: list[float]) -> None:
     assert 0 < audit.rounds <= len(rig.names) * rig.rounds  # a round limit, or the budget
     assert audit.readings_published == audit.readings_stored > 0
     assert took, "the victim held no experiment"
-    assert max(took) <= TTL_S + 5, f"failover times {sorted(took)}"
+    assert math.inf not in took, f"not every experiment was taken over: {sorted(took)}"
+    _check_failover_times(rig)
+
+
+def _check_failover_times(rig: FleetRig) -> None:
+    """Each takeover came within what the settings allow, in two parts.
+
+    The lease: the victim renewed it at most a heartbeat before the kill, so it ran out at most
+    a TTL after (the store's clock, read just after the kill). The claim: once the lease ran
+    out, a survivor's claim pass (every heartbeat) took it within a heartbeat, plus what the new
+    owner spent acquiring and rebuilding it and whatever it took over earlier in the same
+    failover, one at a time (their `load_s`, as it measured them), plus two heartbeats of
+    slack for subscribing and for an event loop behind on a loaded machine.
+
+    A wall bound from the kill (TTL + 5 s) failed now and then on a loaded 2-core machine where
+    rebuilding was slow; these grow with the rebuilding the replicas measured and still fail
+    when a lease outlives its TTL or a takeover waits for anything else (stalled claims, a
+    heartbeat skipped).
+    """
+    heartbeat = TTL_S / 3  # `FleetSettings.period_s`: the rig sets no heartbeat
+    loaded: dict[tuple[str, str], float] = {}  # (victim, owner) -> rebuilding so far
+    for takeover in sorted(rig.takeovers, key=lambda t: t.seconds):
+        key = (takeover.victim, takeover.owner)
+        loaded[key] = loaded.get(key, 0.0) + takeover.load_s
+        claim_s = takeover.seconds - max(0.0, takeover.lease_left_s)
+        allowed = heartbeat + loaded[key] + 2 * heartbeat
+        what = (
+            f"{takeover.experiment} taken by {takeover.owner} {takeover.seconds:.2f} s after "
+            f"{takeover.victim} was killed, its lease running {takeover.lease_left_s:.2f} s "
+            f"more (TTL {TTL_S} s, heartbeat {heartbeat:.2f} s, rebuilding {loaded[key]:.2f} s); "
+            f"all: {rig.takeovers}"
+        )
+        assert takeover.lease_left_s <= TTL_S + 0.1, what
+        assert claim_s <= allowed, f"claimed {claim_s:.2f} s after the lease ran out: {what}"
 
 
 def test_failover_three_replicas_no_reading_lost_nothing_twice(pg_url: str, tmp_path: Path) -> None:
@@ -79,7 +113,7 @@ def test_failover_three_replicas_no_reading_lost_nothing_twice(pg_url: str, tmp_
 def test_failover_thirty_experiments_killed_three_times(pg_url: str, tmp_path: Path) -> None:
     with FleetRig(
         tmp_path, pg_url, experiments=30, replicas=3, lease_ttl_s=TTL_S, rounds=25,
-        budget_total=15.0, capacity=15,
+        budget_total=15.0, capacity=20,
     ) as rig:  # fmt: skip
         rig.start_replicas()
         rig.start_devices()
