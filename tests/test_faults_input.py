@@ -214,9 +214,14 @@ async def test_a_flood_is_rejected_then_redelivered_and_the_agent_keeps_going(
 ) -> None:
     """A small inbox and a policy that thinks for 1.5 s at round 1: the readings that do not
     fit are rejected as a flood and left unacknowledged, so the broker delivers them again on
-    the next connection (a broker restart here); every one of them is handled in the end."""
+    the next connection (a broker restart here); every one of them is handled in the end.
+
+    The inbox holds 20 of the 30: the 10 left over come again in one burst on the new
+    connection (the reader routes everything already received in one go), and fit then. An
+    inbox smaller than what comes again would reject part of it once more, to be delivered on
+    the connection after that."""
     broker = mosquitto_factory(MosquittoOptions(persistence_dir=tmp_path / "mosquitto-data"))
-    monkeypatch.setattr(runtime, "INBOX_LIMIT", 4)
+    monkeypatch.setattr(runtime, "INBOX_LIMIT", 20)
     slow = Experiment.propose
 
     def thoughtful(self: Experiment):
