@@ -542,12 +542,12 @@ class FleetService(AgentService):
     async def _publish_action(self, exp: Experiment, action: Action) -> None:
         """Publish with the lease epoch — only while the lease is ours by our own clock and
         the experiment is not stopped."""
-        mine = self.held.get(exp.name)
-        if mine is None or time.monotonic() >= mine.deadline:
-            raise _LeaseExpired(exp.name)
         state = await asyncio.shield(self._beside(exp.store.experiment_state, exp.name))
         if state == "stopped":
             raise NotRunning(exp.name, action.round, state)
+        mine = self.held.get(exp.name)  # checked after the read: the deadline may pass during it
+        if mine is None or time.monotonic() >= mine.deadline:
+            raise _LeaseExpired(exp.name)
         await super()._publish_action(exp, action.with_epoch(mine.lease.epoch))
 
     async def _subscribe_all(self, connection: MqttConnection) -> None:
