@@ -5,11 +5,16 @@ worker thread), publishes actions, and drains the experiment's inbox in batches 
 readings update every node in one batched GP call, and nothing touches an experiment's model
 while its policy is thinking. Hyperparameter refits and the rebuilds after them run in another
 worker thread on a copy of the data and are swapped in by the driver between batches
-(`agent.refits`): the event loop only decodes, checks, stores, appends rows and publishes.
+(`agent.refits`). What a driver writes to the store — a batch of acks, readings and oracle
+values with the GP rows they append, timeouts, publication marks — runs in a worker thread too
+(`_beside`), one call at a time per experiment (the driver awaits each), so the experiment's
+writes keep their order and a PostgreSQL round trip or an fsync never stalls the event loop,
+which decodes, checks, routes and publishes.
 
-The MQTT session only routes incoming messages to inboxes; it is
-re-created after every reconnect (`connectors.mqtt.run_with_reconnect`), and drivers publish
-through a `Link` that waits for the current connection.
+The MQTT session only routes incoming messages to inboxes, a burst of them per event-loop turn
+(`MqttConnection.message_batches`); it is re-created after every reconnect
+(`connectors.mqtt.run_with_reconnect`), and drivers publish through a `Link` that waits for the
+current connection.
 
 Bad input never stops the agent: whatever cannot be decoded or does not fit is rejected with a
 reason (a log event, `cbo_messages_total{outcome="rejected",reason=...}`, the experiment's

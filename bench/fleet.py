@@ -220,9 +220,14 @@ class FleetRig:
             "0",
         ]
         environment = child_environment() | {"CBO_DEVICE": self.device}
-        child = Child(name, argv, self.workdir / f"{name}.log", environment)
+        path = self.workdir / f"{name}.log"
+        # a replica restarted under its name appends to its log: wait for *its* start
+        earlier = JsonLog(path)
+        if path.exists():
+            earlier.poll()
+        child = Child(name, argv, path, environment)
         self.replicas[name] = child
-        child.log.wait_for("fleet.started", 60, child=child)
+        child.log.wait_for("fleet.started", 60, child=child, since=len(earlier.events))
         return child
 
     def start_replicas(self) -> None:

@@ -68,10 +68,12 @@ def _check_failover_times(rig: FleetRig) -> None:
 
     The lease: the victim renewed it at most a heartbeat before the kill, so it ran out at most
     a TTL after (the store's clock, read just after the kill). The claim: once the lease ran
-    out, a survivor's claim pass (every heartbeat) took it within a heartbeat, plus what the new
-    owner spent acquiring and rebuilding it and whatever it took over earlier in the same
-    failover, one at a time (their `load_s`, as it measured them), plus two heartbeats of
-    slack for subscribing and for an event loop behind on a loaded machine.
+    out, a survivor's claim pass (every heartbeat) took it within a heartbeat, plus the
+    rebuilding of what the survivors took over before it in the same failover (their
+    `load_s`, as they measured them; summed over the survivors, as if one did it all: a
+    survivor at its capacity leaves the rest to another, a restarted one rebuilds its first
+    experiment cold), plus two heartbeats of slack for subscribing and for an event loop
+    behind on a loaded machine.
 
     A wall bound from the kill (TTL + 5 s) failed now and then on a loaded 2-core machine where
     rebuilding was slow; these grow with the rebuilding the replicas measured and still fail
@@ -79,16 +81,16 @@ def _check_failover_times(rig: FleetRig) -> None:
     heartbeat skipped).
     """
     heartbeat = TTL_S / 3  # `FleetSettings.period_s`: the rig sets no heartbeat
-    loaded: dict[tuple[str, str], float] = {}  # (victim, owner) -> rebuilding so far
+    loaded: dict[str, float] = {}  # victim -> rebuilding of its experiments so far
     for takeover in sorted(rig.takeovers, key=lambda t: t.seconds):
-        key = (takeover.victim, takeover.owner)
-        loaded[key] = loaded.get(key, 0.0) + takeover.load_s
+        loaded[takeover.victim] = loaded.get(takeover.victim, 0.0) + takeover.load_s
+        rebuilt = loaded[takeover.victim]
         claim_s = takeover.seconds - max(0.0, takeover.lease_left_s)
-        allowed = heartbeat + loaded[key] + 2 * heartbeat
+        allowed = heartbeat + rebuilt + 2 * heartbeat
         what = (
             f"{takeover.experiment} taken by {takeover.owner} {takeover.seconds:.2f} s after "
             f"{takeover.victim} was killed, its lease running {takeover.lease_left_s:.2f} s "
-            f"more (TTL {TTL_S} s, heartbeat {heartbeat:.2f} s, rebuilding {loaded[key]:.2f} s); "
+            f"more (TTL {TTL_S} s, heartbeat {heartbeat:.2f} s, rebuilding {rebuilt:.2f} s); "
             f"all: {rig.takeovers}"
         )
         assert takeover.lease_left_s <= TTL_S + 0.1, what
