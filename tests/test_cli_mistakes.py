@@ -177,3 +177,32 @@ def test_what_a_user_sees_is_one_line_and_exit_code_2(tmp_path):
     assert "cannot connect (" in results["demo-broker"].stderr
     assert "no command 'runn' (did you mean 'run'?)" in results["unknown-command"].stderr
     assert not (tmp_path / "s.sqlite").exists() and not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "regret", "--env", "mamujoco-swimmer", "--policy", "random", "--seeds", "1"],
+        ["sim", "mamujoco-swimmer", "--experiment", "x", "--broker", "127.0.0.1:1"],
+    ],
+)
+def test_an_environment_whose_extra_is_missing_names_the_extra(capsys, monkeypatch, argv):
+    """The image leaves the `mamujoco` extra out: making that environment there is one line."""
+    from sim.registry import make_environment
+
+    monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)  # import raises ImportError
+    make_environment.cache_clear()
+    assert main(argv) == 2
+    line = _one_line(capsys, argv[0])
+    assert "'mamujoco-swimmer' needs gymnasium-robotics and mujoco" in line, line
+    assert "pip install 'cbo-agent[mamujoco]'" in line, line
+
+
+def test_the_environment_list_marks_an_environment_whose_extra_is_missing(capsys, monkeypatch):
+    from sim.registry import make_environment
+
+    monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)
+    make_environment.cache_clear()
+    assert main(["bench", "regret", "--list"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "mamujoco-swimmer" in line]
+    assert "needs the mamujoco extra" in row, row
