@@ -180,29 +180,42 @@ def test_what_a_user_sees_is_one_line_and_exit_code_2(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("module", "env", "package", "extra"),
     [
-        ["bench", "regret", "--env", "mamujoco-swimmer", "--policy", "random", "--seeds", "1"],
-        ["sim", "mamujoco-swimmer", "--experiment", "x", "--broker", "127.0.0.1:1"],
+        ("gymnasium_robotics", "mamujoco-swimmer", "gymnasium-robotics and mujoco", "mamujoco"),
+        ("mpe2", "mpe-tag-het", "mpe2", "mpe"),
     ],
 )
-def test_an_environment_whose_extra_is_missing_names_the_extra(capsys, monkeypatch, argv):
-    """The image leaves the `mamujoco` extra out: making that environment there is one line."""
+@pytest.mark.parametrize("command", ["bench", "sim"])
+def test_an_environment_whose_extra_is_missing_names_the_extra(
+    capsys, monkeypatch, module, env, package, extra, command
+):
+    """The image leaves the simulators' extras out: making such an environment is one line."""
     from sim.registry import make_environment
 
-    monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError
     make_environment.cache_clear()
+    argv = {
+        "bench": ["bench", "regret", "--env", env, "--policy", "random", "--seeds", "1"],
+        "sim": ["sim", env, "--experiment", "x", "--broker", "127.0.0.1:1"],
+    }[command]
     assert main(argv) == 2
-    line = _one_line(capsys, argv[0])
-    assert "'mamujoco-swimmer' needs gymnasium-robotics and mujoco" in line, line
-    assert "pip install 'cbo-agent[mamujoco]'" in line, line
+    line = _one_line(capsys, command)
+    assert f"{env!r} needs {package} (not installed)" in line, line
+    assert f"pip install 'cbo-agent[{extra}]'" in line, line
 
 
 def test_the_environment_list_marks_an_environment_whose_extra_is_missing(capsys, monkeypatch):
     from sim.registry import make_environment
 
     monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)
+    monkeypatch.setitem(sys.modules, "mpe2", None)
     make_environment.cache_clear()
     assert main(["bench", "regret", "--list"]) == 0
-    (row,) = [line for line in capsys.readouterr().out.splitlines() if "mamujoco-swimmer" in line]
-    assert "needs the mamujoco extra" in row, row
+    rows = {
+        line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if "tag" in line or "mamujoco" in line
+    }
+    assert "needs the mamujoco extra" in rows["mamujoco-swimmer"], rows
+    assert "needs the mpe extra" in rows["mpe-tag"] and "needs the mpe extra" in rows["mpe-tag-het"]
