@@ -48,9 +48,16 @@ import yaml
 from agent.control import submit
 from agent.paths import example_spec
 from bench.harness.postgres import scratch_database
-from bench.harness.procs import Child, JsonLog, child_environment, cli, wait_until
+from bench.harness.procs import (
+    Child,
+    JsonLog,
+    child_environment,
+    cli,
+    shipped_broker_limits,
+    wait_until,
+)
 from bench.report import device_info
-from connectors.mosquitto import MosquittoBroker
+from connectors.mosquitto import MosquittoBroker, MosquittoOptions
 from connectors.store import Store, StoreError
 from core.spec import parse_spec
 
@@ -155,7 +162,10 @@ class FleetRig:
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> FleetRig:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.broker = MosquittoBroker(self.workdir / "mosquitto")
+        # the shipped in-flight and queue limits: with Mosquitto's defaults (20 in flight, 1,000
+        # queued) a replica behind its input has the broker drop its readings
+        options = MosquittoOptions(extra_lines=shipped_broker_limits())
+        self.broker = MosquittoBroker(self.workdir / "mosquitto", options)
         self.broker.start()
         return self
 
