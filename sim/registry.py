@@ -10,6 +10,7 @@ from sim.additive_er import DIMENSIONS, AdditiveER
 from sim.alpine2 import Alpine2
 from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
+from sim.brusselator import Brusselator
 from sim.decomposed_synthetic import DecomposedSynthetic
 from sim.dropwave import Dropwave
 from sim.dropwave_drift import DropwaveDrift
@@ -50,6 +51,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "weather": lambda seed: WeatherField(seed=seed),
     # paper 002's composite problem: an array node (a 3 x 4 field) and reward g(field)
     "environmental": lambda seed: Environmental(),
+    # and its PDE problem: the Brusselator's 2 x 64 x 64 field on py-pde (imported on first solve)
+    "brusselator": lambda seed: Brusselator(),
     # paper 001's subgoal domains: a seed draws the oracle's test environments
     "gw10": lambda seed: GW10.create(seed),
     "gw20": lambda seed: GW20.create(seed),
