@@ -45,6 +45,7 @@ import torch
 from core.field_metrics import field_metric
 from sim.base import ActionInfo, Environment, Intervention, NodeInfo, Optimum
 from sim.environmental import uniform_design
+from sim.errors import EnvironmentUnavailable
 
 _BOUNDS = {
     "a": (0.1, 5.0),
@@ -114,6 +115,10 @@ class Brusselator(Environment):
     """The Brusselator as a device: actions (a, b, d0, d1) -> the 2 × 64 × 64 field (u, v)."""
 
     def __init__(self) -> None:
+        try:
+            import pde  # noqa: F401
+        except ImportError as missing:  # the optional `pde` extra (not in the image)
+            raise EnvironmentUnavailable("brusselator", "py-pde", "pde") from missing
         super().__init__(
             name="brusselator",
             intervention_type="soft",
