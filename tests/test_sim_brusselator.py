@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
 import pytest
 import torch
-from rich.console import Console
 
-from agent.demo import DemoOptions, run_demo
-from connectors.store import Store
 from core.network import NetworkModel
 from core.spec import load_spec
 from policies.base import Constraints
@@ -88,23 +84,3 @@ def test_eicf_proposes_within_the_bounds_from_a_brusselator_design() -> None:
     )
     for name, (low, high) in {a.name: a.bounds for a in spec.actions}.items():
         assert low <= proposal.intervention[name] <= high
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_the_brusselator_runs_through_the_service_on_the_embedded_broker(tmp_path) -> None:
-    rounds = 6  # 5 random rounds, then EI-CF on the HOGP of the 2 x 64 x 64 field
-    options = DemoOptions(
-        env="brusselator", rounds=rounds, live=False, out=tmp_path, metrics_port=0
-    )
-    result = asyncio.run(run_demo(options, Console(width=120, record=True)))
-    assert result.rounds == rounds
-    with Store(tmp_path / "demo.sqlite") as store:
-        (name,) = store.experiment_names()
-        assert {r.status for r in store.rounds(name)} == {"closed"}
-        fields = [r for r in store.readings(name) if r.node == "field"]
-        assert len(fields) == rounds
-        env = make_environment("brusselator")
-        for row, stored in zip(fields, store.rounds(name), strict=True):
-            expected = env.step(stored.intervention)["field"]
-            assert np.allclose(row.array(), expected, rtol=1e-6)  # float32 on the wire
