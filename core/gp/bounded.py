@@ -179,6 +179,7 @@ class BoundedGP(IncrementalGP):
             merged.refit_failed += part.refit_failed
             merged.rebuilt = sorted(set(merged.rebuilt) | set(part.rebuilt))
             merged.forgotten += part.forgotten
+            merged.changed = sorted(set(merged.changed) | set(part.changed))
         return merged
 
     @torch.no_grad()

@@ -16,7 +16,8 @@ follows a refit, a drift of the data or a numerical breakdown only.
 
 Inputs are scaled to the unit cube from declared bounds and outputs standardized with a mean and
 scale that stay fixed between refits, so appends stay exact; when the data drift away from them
-the factor is rebuilt (`standardize`). Pending points (inputs whose readings are not known yet)
+the factor is rebuilt (`standardize`). With `GPConfig.change`, a test on the predictive
+residuals (`change`) makes a member forget its rows from before a shift of the system. Pending points (inputs whose readings are not known yet)
 are kept as each member's trailing rows with the posterior mean as their value: the variance
 shrinks, the mean does not move (`pending`). Everything follows the dtype and device of the
 declared bounds (float64 default).
@@ -35,10 +36,12 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
+import structlog
 import torch
 
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
+from core.gp.change import ChangeDetector
 from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
 from core.gp.checks import (
     check_bounds,
@@ -61,6 +64,8 @@ from core.gp.standardize import drifted, recount, restandardize
 from core.gp.window import apply_window, forget_oldest
 
 __all__ = ["IncrementalGP"]
+
+log = structlog.get_logger("core.gp.model")
 
 
 class IncrementalGP:
@@ -116,6 +121,8 @@ class IncrementalGP:
         self._drift_due = [False] * b
         self._epochs = [0] * b
         self._forgotten = [0] * b
+        self._change = ChangeDetector(b, self.config.change) if self.config.change else None
+        self._changed: dict[int, int] = {}  # member -> newest rows after a change, to keep
         self._moments = recount(self._buffers)
         self._no_surprise = torch.full((b,), math.nan, **opts)
         self._arange_b = torch.arange(b, device=self.device)
@@ -387,9 +394,37 @@ class IncrementalGP:
         misfit_z = self.config.misfit_z
         if misfit_z is not None and any(s > misfit_z for s in surprises):
             self._refit_due[member] = True
+        if self._change is not None:
+            for i, value in enumerate(surprises):
+                after = self._change.learn(member, value)
+                if after is not None:  # rows of the block past this one came after it too
+                    self._changed[member] = after + len(surprises) - 1 - i
+
+    def _forget_before_change(self) -> list[int]:
+        """Members whose detector raised an alarm forget their rows from before the change
+        (keeping at least `change.keep`); they are due for a refit. Returns them."""
+        alarms, self._changed = self._changed, {}
+        if not alarms:
+            return []
+        buffers, keep_least = self._buffers, self.config.change.keep
+        for j, after in sorted(alarms.items()):
+            n = buffers.real[j]
+            drop = n - min(n, max(after, keep_least))
+            log.info("gp.change", member=j, rows=n, forgotten=drop)
+            if drop:
+                buffers.z[j, : n - drop] = buffers.z[j, drop:n].clone()
+                buffers.y[j, : n - drop] = buffers.y[j, drop:n].clone()
+                buffers.real[j] -= drop
+                truncate(buffers, j, n - drop)
+                self._forgotten[j] += drop
+            self._refit_due[j] = True
+        self._moments = recount(buffers)
+        return sorted(alarms)
 
     def _after_new_data(self, refit: bool, restandardizing: Sequence[int] = ()) -> LearnReport:
-        """Window, drift and refit schedule; the members they touch are rebuilt once."""
+        """Change, window, drift and refit schedule; the members they touch are rebuilt once."""
+        changed = self._forget_before_change()
+        restandardizing = sorted(set(restandardizing) | set(changed))
         forgotten, window_rebuild = self._apply_window(rebuilding=set(restandardizing))
         scalars = self._scalars
         moved = drifted(self._moments, scalars.mean, scalars.scale, self.config.drift_tolerance)
@@ -421,6 +456,7 @@ class IncrementalGP:
             refit_failed=failed,
             rebuilt=rebuild,
             forgotten=sum(forgotten),
+            changed=changed,
         )
 
     def _apply_window(self, rebuilding: set[int]) -> tuple[list[int], list[int]]:
