@@ -131,10 +131,14 @@ class Policy(ABC):
             if getattr(spec.model, name) is not None
         ]
         if drifting and (not self.reads_model or spec.array_nodes):
-            whose = "array nodes' models" if spec.array_nodes else f"{self.name}'s own model"
+            why = (
+                "the array nodes' models would not use it"
+                if spec.array_nodes
+                else f"{self.name} decides on a model of its own, which would not use it"
+            )
             raise ValueError(
-                f"{' and '.join(drifting)}: the {whose} would not use it; it applies to the "
-                "scalar node GPs (policies mcbo, eifn, eicbo, dgpucb, gpucb, random)"
+                f"{' and '.join(drifting)}: {why}; it applies to the scalar node GPs "
+                "(policies mcbo, eifn, eicbo, dgpucb, gpucb, random)"
             )
         self.spec = spec
         try:
