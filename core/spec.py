@@ -397,7 +397,8 @@ class ChangeSpec(_Strict):
     keep: int = Field(
         default=10,
         ge=1,
-        description="Readings a node keeps on an alarm: the most recent, from after the change.",
+        description="Readings a node keeps on an alarm, at least: the most recent (more when "
+        "the test dates the change earlier: all readings since it).",
     )
     warmup: int = Field(
         default=20,
