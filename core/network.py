@@ -494,7 +494,6 @@ class NetworkModel:
         x = torch.zeros(b, self.input_dim, dtype=self.dtype, device=self.device)
         y = torch.zeros(b, dtype=self.dtype, device=self.device)
         mask = torch.zeros(b, dtype=torch.bool, device=self.device)
-        actions = record.intervention
         for node in nodes:
             j = self.member[node]
             row = self._timed_row(node, record)

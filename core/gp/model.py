@@ -17,9 +17,10 @@ follows a refit, a drift of the data or a numerical breakdown only.
 Inputs are scaled to the unit cube from declared bounds and outputs standardized with a mean and
 scale that stay fixed between refits, so appends stay exact; when the data drift away from them
 the factor is rebuilt (`standardize`). With `GPConfig.change`, a test on the predictive
-residuals (`change`) makes a member forget its rows from before a shift of the system. Pending points (inputs whose readings are not known yet)
-are kept as each member's trailing rows with the posterior mean as their value: the variance
-shrinks, the mean does not move (`pending`). Everything follows the dtype and device of the
+residuals (`change`) makes a member forget its rows from before a shift of the system.
+Pending points (inputs whose readings are not known yet) are kept as each member's trailing
+rows with the posterior mean as their value: the variance shrinks, the mean does not move
+(`pending`). Everything follows the dtype and device of the
 declared bounds (float64 default).
 
 With `GPConfig.deferred`, learning only appends (and forgets) rows; due refits and drift
@@ -41,8 +42,8 @@ import torch
 
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
-from core.gp.change import ChangeDetector
 from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
+from core.gp.change import ChangeDetector
 from core.gp.checks import (
     check_bounds,
     check_dims,
