@@ -379,11 +379,9 @@ class BoundedGP(IncrementalGP):
         installed, resync, replays = [], [], {}
         with self._pending_detached():
             for k, j in enumerate(job.members):
-                if self._epochs[j] != job.epochs[k]:  # stale: try again with what is there now
-                    self._requeue(j, job.fit[k])
+                if not self._take_result(result, k, j):
                     continue
                 installed.append(j)
-                self._take_values(result, k, j)
                 start = job.marks[k] - self._edit_base[j]
                 edits = self._edits[j][start:] if start >= 0 else None
                 if edits is None or any(e[0] == "reset" for e in edits):
@@ -392,10 +390,7 @@ class BoundedGP(IncrementalGP):
                 n0 = job.rows[k]
                 buffers.z[j, :n0] = job.z[k]
                 buffers.y[j, :n0] = job.y[k]
-                buffers.factor[j, :n0, :n0] = result.factor[k]
-                buffers.v[j, :n0] = result.v[k]
-                truncate(buffers, j, n0)
-                buffers.rows[j] = buffers.real[j] = n0
+                self._put_factor(result, k, j)
                 self._qdiag[j] = result.qdiag[k].to(self.dtype)
                 self._removals[j] = 0
                 replays[j] = edits
@@ -408,13 +403,7 @@ class BoundedGP(IncrementalGP):
                 self._rebuild(sorted(set(resync)))
             self._logged = list(buffers.real)
             buffers.version += 1
-        fit = [j for k, j in enumerate(job.members) if job.fit[k] and j in installed]
-        return LearnReport(
-            surprise=self._no_surprise,
-            refit=fit,
-            refit_failed=[j for j in result.failed if j in installed],
-            rebuilt=installed,
-        )
+        return self._installed(result, installed)
 
     def _replay(self, j: int, edits: list[tuple]) -> bool:
         """Member j's logged appends and removals, again, under its new factor."""

@@ -715,11 +715,9 @@ class IncrementalGP:
         forget = [0] * self.batch
         with self._pending_detached():
             for k, j in enumerate(job.members):
-                if self._epochs[j] != job.epochs[k]:  # stale: try again with what is there now
-                    self._requeue(j, job.fit[k])
+                if not self._take_result(result, k, j):
                     continue
                 installed.append(j)
-                self._take_values(result, k, j)
                 n0, n = job.rows[k], buffers.real[j]
                 dropped = self._forgotten[j] - job.forgotten[k]
                 if dropped >= n0:  # nothing of the snapshot is left
@@ -732,10 +730,7 @@ class IncrementalGP:
                     buffers.z[j, :n0] = job.z[k]
                     buffers.y[j, :n0] = job.y[k]
                     forget[j] = dropped
-                buffers.factor[j, :n0, :n0] = result.factor[k]
-                buffers.v[j, :n0] = result.v[k]
-                truncate(buffers, j, n0)
-                buffers.rows[j] = buffers.real[j] = n0
+                self._put_factor(result, k, j)
             resync += self._forget(forget)
             self._refresh_scalars()
             self._catch_up(late_z, late)
@@ -743,10 +738,32 @@ class IncrementalGP:
             if resync:
                 self._rebuild(sorted(resync))
             buffers.version += 1
-        fit = [j for k, j in enumerate(job.members) if job.fit[k] and j in installed]
+        return self._installed(result, installed)
+
+    def _take_result(self, result: RefitResult, k: int, j: int) -> bool:
+        """Member j (the job's k-th) takes the result's values; False, and due again, when a
+        change the copy cannot follow came since (its epoch moved)."""
+        if self._epochs[j] != result.job.epochs[k]:
+            self._requeue(j, result.job.fit[k])
+            return False
+        self._take_values(result, k, j)
+        return True
+
+    def _put_factor(self, result: RefitResult, k: int, j: int) -> None:
+        """Member j's factor and v become the result's for the job's n₀ rows (its data
+        buffers must hold those rows)."""
+        n0 = result.job.rows[k]
+        self._buffers.factor[j, :n0, :n0] = result.factor[k]
+        self._buffers.v[j, :n0] = result.v[k]
+        truncate(self._buffers, j, n0)
+        self._buffers.rows[j] = self._buffers.real[j] = n0
+
+    def _installed(self, result: RefitResult, installed: list[int]) -> LearnReport:
+        """The report of an install that swapped in `installed`."""
+        job = result.job
         return LearnReport(
             surprise=self._no_surprise,
-            refit=fit,
+            refit=[j for k, j in enumerate(job.members) if job.fit[k] and j in installed],
             refit_failed=[j for j in result.failed if j in installed],
             rebuilt=installed,
         )
