@@ -91,7 +91,8 @@ class Actuator:
         noise: delay, jitter, drop and duplicate settings.
         seed: seeds both the environment's noise (a torch.Generator) and the device's own draws.
         seq_start: the first sequence number of every node.
-        optimum: E[y | a*] for oracle messages; None publishes no oracle.
+        optimum: E[y | a*] for oracle messages (a drifting environment's oracle message
+            carries its round's own); None publishes no oracle.
     """
 
     def __init__(
