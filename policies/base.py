@@ -115,12 +115,30 @@ class Policy(ABC):
     # Whether the policy works on specs with array nodes (paper 002), whose rewards have no
     # scalar rollout through the network: those that only need the flat model or none.
     handles_arrays: ClassVar[bool] = False
+    # Whether the policy decides on the `NetworkModel`'s scalar GPs (node or flat), the ones
+    # `model.time_scale` and `model.change` apply to; a policy with a model of its own doesn't.
+    reads_model: ClassVar[bool] = False
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         if (spec.array_nodes or spec.reward.aggregation == "function") and not self.handles_arrays:
             raise ValueError(
                 f"{self.name}: the spec's reward is a function of arrays; policies for it: "
                 "eicf, ucbcf, eimetric, gpucb, random"
+            )
+        drifting = [
+            f"model.{name}"
+            for name in ("time_scale", "change")
+            if getattr(spec.model, name) is not None
+        ]
+        if drifting and (not self.reads_model or spec.array_nodes):
+            why = (
+                "the array nodes' models would not use it"
+                if spec.array_nodes
+                else f"{self.name} decides on a model of its own, which would not use it"
+            )
+            raise ValueError(
+                f"{' and '.join(drifting)}: {why}; it applies to the scalar node GPs "
+                "(policies mcbo, eifn, eicbo, dgpucb, gpucb, random)"
             )
         self.spec = spec
         try:

@@ -70,6 +70,7 @@ class RandomPolicy(Policy):
 
     name = "random"
     handles_arrays = True
+    reads_model = True  # reads none: a time-aware model or a change detector cost it nothing
     Settings = RandomSettings
 
     def propose(
