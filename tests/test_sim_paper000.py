@@ -65,7 +65,18 @@ def test_additive_er_is_additive_over_its_cliques_with_the_known_edges():
 
 
 @pytest.mark.parametrize(
-    "name", ["mpe-tag", "mpe-tag-het", "mamujoco-swimmer", "additive-er-20", "additive-er-50"]
+    "name",
+    [
+        "mpe-tag",
+        "mpe-tag-het",
+        "mpe-tag-hom",
+        "mpe-tag-hom-no-ra",
+        "mpe-tag-hom-no-ri",
+        "mpe-tag-het-hom",
+        "mamujoco-swimmer",
+        "additive-er-20",
+        "additive-er-50",
+    ],
 )
 def test_paper000_specs_declare_the_simulators_parameters(name):
     spec = load_spec(EXAMPLES / f"{name}.yaml")
