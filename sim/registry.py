@@ -19,6 +19,7 @@ from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
 from sim.mamujoco import MaMuJoCoSwimmer
+from sim.mamujoco_ant import MaMuJoCoAnt
 from sim.mc import MC
 from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
@@ -71,6 +72,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     # paper 000's Multi-agent MuJoCo (gymnasium-robotics on mujoco): θ is the two agents' linear
     # policies; a seed changes only the episodes' start noise, as for mpe-tag
     "mamujoco-swimmer": lambda seed: MaMuJoCoSwimmer(),
+    # the 2x4 Ant, two agents of two legs, each with a linear policy on its joints and the torso
+    "mamujoco-ant": lambda seed: MaMuJoCoAnt(),
 }
 
 
