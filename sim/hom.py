@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-__all__ = ["HIDDEN", "ROUNDS", "HOMController"]
+__all__ = ["HIDDEN", "ROUNDS", "HOMController", "unit_blocks"]
 
 HIDDEN = 4
 ROUNDS = 2
@@ -56,14 +56,19 @@ def _mlp_size(inputs: int, outputs: int) -> int:
     return HIDDEN * (inputs + 1) + outputs * (HIDDEN + 1)
 
 
-def _mlp_blocks(name: str, start: int, inputs: int, outputs: int) -> dict[str, tuple[int, int]]:
+def unit_blocks(
+    inputs: int, hidden: int, outputs: int, start: int, prefixes: tuple[str, str]
+) -> dict[str, tuple[int, int]]:
+    """The units of a one-hidden-layer MLP laid out unit by unit from `start` — each hidden
+    unit's weights and bias (`{prefixes[0]}{j}`), then each output's (`{prefixes[1]}{k}`) —
+    as half-open ranges of θ."""
     blocks = {}
-    for j in range(HIDDEN):
-        blocks[f"{name}_h{j}"] = (start, start + inputs + 1)
+    for j in range(hidden):
+        blocks[f"{prefixes[0]}{j}"] = (start, start + inputs + 1)
         start += inputs + 1
     for k in range(outputs):
-        blocks[f"{name}_o{k}"] = (start, start + HIDDEN + 1)
-        start += HIDDEN + 1
+        blocks[f"{prefixes[1]}{k}"] = (start, start + hidden + 1)
+        start += hidden + 1
     return blocks
 
 
@@ -137,7 +142,9 @@ class HOMController:
                     offset = start + i * (self.obs + 1)
                     blocks[f"role_{i}"] = (offset, offset + self.obs + 1)
             elif name != "end":
-                blocks.update(_mlp_blocks(name, start, inputs, outputs))
+                blocks.update(
+                    unit_blocks(inputs, HIDDEN, outputs, start, (f"{name}_h", f"{name}_o"))
+                )
         return blocks
 
     def _params(self, theta: torch.Tensor, name: str) -> torch.Tensor:

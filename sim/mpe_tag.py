@@ -34,7 +34,7 @@ import numpy as np
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
 from sim.errors import EnvironmentUnavailable
-from sim.hom import HOMController
+from sim.hom import HOMController, unit_blocks
 
 __all__ = ["CONTROLLERS", "HIDDEN", "MPETag", "controller_blocks", "mlp_actions", "parameter_count"]
 
@@ -76,14 +76,7 @@ def parameter_count(hidden: int = HIDDEN) -> int:
 
 def blocks(hidden: int = HIDDEN) -> dict[str, tuple[int, int]]:
     """The network's units as half-open ranges of θ."""
-    out, start = {}, 0
-    for j in range(hidden):
-        out[f"hidden_{j}"] = (start, start + OBS + 1)
-        start += OBS + 1
-    for k in range(ACT):
-        out[f"out_{k}"] = (start, start + hidden + 1)
-        start += hidden + 1
-    return out
+    return unit_blocks(OBS, hidden, ACT, 0, ("hidden_", "out_"))
 
 
 def mlp_actions(theta: np.ndarray, obs: np.ndarray, hidden: int = HIDDEN) -> np.ndarray:
