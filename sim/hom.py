@@ -175,46 +175,42 @@ class HOMController:
             states: (agents, obs) each agent's observation.
             soft: the differentiable relaxation (Sinkhorn assignment, sigmoid edges).
         """
-        n, act = self.agents, self.act
         P = self.assignment(theta, states, soft)
         roled = P @ states  # role i's state in row i
-        h = torch.zeros(n, act, dtype=states.dtype)
-        if self.role_interaction:
-            pairs = torch.cat(
-                [roled[:, None].expand(n, n, -1), roled[None, :].expand(n, n, -1)], dim=-1
+        edges = self.interaction(theta, roled, soft) if self.role_interaction else None
+        h = torch.zeros(self.agents, self.act, dtype=states.dtype)
+        for _ in range(ROUNDS):  # Eq. 3
+            inputs = [roled, h]
+            if edges is not None:
+                inputs.append((edges[..., None] * self._messages(theta, h)).sum(1))
+            update = _mlp(
+                self._params(theta, "update"), torch.cat(inputs, -1), self._update_inputs, self.act
             )
-            logits = _mlp(self._params(theta, "edge"), pairs, 2 * self.obs, 1)[..., 0]
-            edges = torch.sigmoid(logits / TEMPERATURE) if soft else (logits > 0).to(states.dtype)
-            edges = edges * (1 - torch.eye(n, dtype=states.dtype))  # no self edges
-            roles = torch.eye(n, dtype=states.dtype)
-            role_pairs = torch.cat(
-                [roles[:, None].expand(n, n, n), roles[None, :].expand(n, n, n)], dim=-1
-            )
-        for _ in range(ROUNDS):
-            if self.role_interaction:
-                inputs = torch.cat(
-                    [h[:, None].expand(n, n, act), h[None, :].expand(n, n, act), role_pairs], -1
-                )
-                messages = _mlp(self._params(theta, "message"), inputs, inputs.shape[-1], act)
-                m = (edges[..., None] * messages).sum(1)
-                h = torch.tanh(
-                    _mlp(
-                        self._params(theta, "update"),
-                        torch.cat([roled, h, m], -1),
-                        self._update_inputs,
-                        act,
-                    )
-                )
-            else:
-                h = torch.tanh(
-                    _mlp(
-                        self._params(theta, "update"),
-                        torch.cat([roled, h], -1),
-                        self._update_inputs,
-                        act,
-                    )
-                )
+            h = torch.tanh(update)
         return P.T @ h  # back to agent order
+
+    def interaction(self, theta: torch.Tensor, roled: torch.Tensor, soft: bool) -> torch.Tensor:
+        """E (roles, roles): E[i, ℓ] = 1 iff role i listens to role ℓ ≠ i (soft: sigmoid)."""
+        n = self.agents
+        pairs = torch.cat([roled[:, None].expand(n, n, -1), roled[None, :].expand(n, n, -1)], -1)
+        logits = _mlp(self._params(theta, "edge"), pairs, 2 * self.obs, 1)[..., 0]
+        edges = torch.sigmoid(logits / TEMPERATURE) if soft else (logits > 0).to(roled.dtype)
+        return edges * (1 - torch.eye(n, dtype=roled.dtype))  # no self edges
+
+    def _messages(self, theta: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """M(h_i, h_ℓ, i, ℓ) for every pair of roles: (roles, roles, act)."""
+        n, act = self.agents, self.act
+        roles = torch.eye(n, dtype=h.dtype)
+        inputs = torch.cat(
+            [
+                h[:, None].expand(n, n, act),
+                h[None, :].expand(n, n, act),
+                roles[:, None].expand(n, n, n),
+                roles[None, :].expand(n, n, n),
+            ],
+            -1,
+        )
+        return _mlp(self._params(theta, "message"), inputs, inputs.shape[-1], act)
 
     def numpy_actions(self, theta: np.ndarray, states: np.ndarray) -> np.ndarray:
         """`actions` on numpy arrays (float64), the hard policy the devices run."""
