@@ -424,6 +424,34 @@ class FidelitySpec(_Strict):
         return self.setup_cost + self.unit_cost * float(replications) * float(tau)
 
 
+class ChangeSpec(_Strict):
+    """A Page-Hinkley test on each node's standardized predictive residuals (see
+    `core.gp.change`)."""
+
+    threshold: float = Field(
+        default=30.0,
+        gt=0,
+        description="Alarm when the cumulative excess of z² over its expectation (1, plus "
+        "`slack`) passes this. Larger: fewer false alarms, later detection.",
+    )
+    slack: float = Field(
+        default=1.0,
+        ge=0,
+        description="Excess of z² per reading tolerated before it counts toward an alarm.",
+    )
+    keep: int = Field(
+        default=10,
+        ge=1,
+        description="Readings a node keeps on an alarm, at least: the most recent (more when "
+        "the test dates the change earlier: all readings since it).",
+    )
+    warmup: int = Field(
+        default=20,
+        ge=1,
+        description="Readings a node learns (and again after every alarm) before its test runs.",
+    )
+
+
 class ModelSpec(_Strict):
     """Settings of every node's Gaussian process (see `core.gp.GPConfig`)."""
 
@@ -468,10 +496,32 @@ class ModelSpec(_Strict):
         "null: the capacity.",
     )
 
+    time_scale: float | None = Field(
+        default=None,
+        gt=0,
+        description="Make every node's GP time-aware: the round a reading was taken is one more "
+        "input of its kernel, scaled by this many rounds (`core.gp.temporal`), its lengthscale "
+        "learned by the refits with the others, and the policies ask for the posterior at the "
+        "round they propose. Readings older than a few learned lengthscales stop informing the "
+        "present: for a system that drifts. Bound it with `window`, not `capacity` (old rows "
+        "are far in time from every other and would look informative). null: stationary.",
+    )
+    change: ChangeSpec | None = Field(
+        default=None,
+        description="A change detector over each node's standardized predictive residuals "
+        "(`core.gp.change`): on an alarm the node forgets its readings from before the change "
+        "and refits. null: none (a misfit still makes a refit due).",
+    )
+
     @model_validator(mode="after")
     def _check_bound(self) -> ModelSpec:
         if self.capacity is not None and self.window is not None:
             raise ValueError("model.window and model.capacity exclude each other: set one")
+        if self.time_scale is not None and self.capacity is not None:
+            raise ValueError(
+                "model.time_scale and model.capacity exclude each other: bound a time-aware "
+                "model with model.window"
+            )
         if self.budget is not None and (self.capacity is None or self.budget > self.capacity):
             raise ValueError("model.budget needs a model.capacity at least as large")
         return self

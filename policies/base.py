@@ -124,6 +124,9 @@ class Policy(ABC):
     # Whether the policy keeps a limit on the blocks of a parameter vector changed per round
     # (`Constraints.max_blocks`); the others refuse such a spec.
     handles_block_limits: ClassVar[bool] = False
+    # Whether the policy decides on the `NetworkModel`'s scalar GPs (node or flat), the ones
+    # `model.time_scale` and `model.change` apply to; a policy with a model of its own doesn't.
+    reads_model: ClassVar[bool] = False
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         if (spec.array_nodes or spec.reward.aggregation == "function") and not self.handles_arrays:
@@ -137,6 +140,21 @@ class Policy(ABC):
                 f"{self.name}: does not keep a limit on the blocks of θ changed per round "
                 "(constraints.max_interventions with parameters); policies that do: "
                 "random, addgpucb"
+            )
+        drifting = [
+            f"model.{name}"
+            for name in ("time_scale", "change")
+            if getattr(spec.model, name) is not None
+        ]
+        if drifting and (not self.reads_model or spec.array_nodes):
+            why = (
+                "the array nodes' models would not use it"
+                if spec.array_nodes
+                else f"{self.name} decides on a model of its own, which would not use it"
+            )
+            raise ValueError(
+                f"{' and '.join(drifting)}: {why}; it applies to the scalar node GPs "
+                "(policies mcbo, eifn, eicbo, dgpucb, gpucb, random)"
             )
         self.spec = spec
         try:
