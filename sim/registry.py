@@ -20,6 +20,7 @@ from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
 from sim.mamujoco import MaMuJoCoSwimmer
+from sim.mamujoco_ant import MaMuJoCoAnt
 from sim.mc import MC
 from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
@@ -66,9 +67,16 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     # changes only the episodes' start positions, which the device's noise stream draws
     "mpe-tag": lambda seed: MPETag(heterogeneous=False),
     "mpe-tag-het": lambda seed: MPETag(heterogeneous=True),
+    # the same task with θ the predators' role-based HOM policy (sim/hom.py) and its ablations
+    "mpe-tag-hom": lambda seed: MPETag(controller="hom"),
+    "mpe-tag-hom-no-ra": lambda seed: MPETag(controller="hom-no-ra"),
+    "mpe-tag-hom-no-ri": lambda seed: MPETag(controller="hom-no-ri"),
+    "mpe-tag-het-hom": lambda seed: MPETag(heterogeneous=True, controller="hom"),
     # paper 000's Multi-agent MuJoCo (gymnasium-robotics on mujoco): θ is the two agents' linear
     # policies; a seed changes only the episodes' start noise, as for mpe-tag
     "mamujoco-swimmer": lambda seed: MaMuJoCoSwimmer(),
+    # the 2x4 Ant, two agents of two legs, each with a linear policy on its joints and the torso
+    "mamujoco-ant": lambda seed: MaMuJoCoAnt(),
 }
 
 
