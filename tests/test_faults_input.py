@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -216,16 +217,19 @@ async def test_a_flood_is_rejected_then_redelivered_and_the_agent_keeps_going(
     fit are rejected as a flood and left unacknowledged, so the broker delivers them again on
     the next connection (a broker restart here); every one of them is handled in the end.
 
-    The inbox holds 20 of the 30: the 10 left over come again in one burst on the new
-    connection (the reader routes everything already received in one go), and fit then. An
+    The flood comes while the driver thinks, and the inbox holds 20 of the 30: the 10 left over
+    come again in one burst on the new connection (the reader routes everything already
+    received in one go), and fit then. An
     inbox smaller than what comes again would reject part of it once more, to be delivered on
     the connection after that."""
     broker = mosquitto_factory(MosquittoOptions(persistence_dir=tmp_path / "mosquitto-data"))
     monkeypatch.setattr(runtime, "INBOX_LIMIT", 20)
     slow = Experiment.propose
+    thinking = threading.Event()
 
     def thoughtful(self: Experiment):
         if self.next_round == 1:
+            thinking.set()
             time.sleep(1.5)  # in the policy's worker thread: the event loop keeps routing
         return slow(self)
 
@@ -239,6 +243,8 @@ async def test_a_flood_is_rejected_then_redelivered_and_the_agent_keeps_going(
         while exp is None or exp.rounds.get(0) is None or not exp.rounds[0].readings:
             exp = service.experiments.get("flooded")
             await asyncio.sleep(0.01)
+        # while the driver thinks (nothing drains the inbox): 20 fit, 10 are a flood
+        assert await asyncio.to_thread(thinking.wait, WAIT_S), "round 1 never proposed"
         async with MqttConnection(BrokerConfig.from_url(broker.url)) as mqtt:
             for seq in range(flood):  # round 0's X0 again: duplicates, once handled
                 await mqtt.publish(
