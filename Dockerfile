@@ -36,7 +36,8 @@ ARG TORCH_VERSION=2.13.0
 # CUDA build, gigabytes larger); point it at a CUDA index for a GPU image; empty: pip's configured
 # sources.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# Project extras: parquet for `cbo-agent export --format parquet` (pyarrow).
+# Project extras: parquet for `cbo-agent export --format parquet` (pyarrow). The simulators' extras
+# (mamujoco, mpe: about 185 MB the service never loads) stay out, keeping the image under 1.2 GB.
 ARG CBO_EXTRAS=parquet
 # A pip configuration for the install steps only (deploy/image/build.sh mounts the host's there,
 # with the local paths it names); unset: pip's defaults. The image keeps no pip configuration.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent.logs import configure_logging
+from sim.errors import EnvironmentUnavailable
 
 Handler = Callable[[argparse.Namespace], int]
 COMMANDS_GROUP = "cbo_agent.commands"
@@ -646,7 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = args.log_level or getattr(args, "default_log_level", "info")
     configure_logging(level, args.log_format or "auto")
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except EnvironmentUnavailable as missing:  # an optional extra this install lacks
+        return _refuse(args.command, [str(missing)])
 
 
 if __name__ == "__main__":

@@ -103,9 +103,12 @@ def run_simulator(env: str, broker: BrokerConfig, settings: Any, env_seed: int) 
     from sim.device import SimulatorDevice
     from sim.registry import make_environment
 
+    # Before the fault handler: an environment whose optional extra is missing is the user's to
+    # fix, one line and exit 2 (agent.cli), not an `agent.fatal` internal error.
+    environment = make_environment(env, env_seed)
     try:
         tls_context(broker)
-        device = SimulatorDevice(make_environment(env, env_seed), broker, settings)
+        device = SimulatorDevice(environment, broker, settings)
         asyncio.run(_until_signalled(device.run()))
     except Exception as error:
         return report_fatal("sim", error)

@@ -91,6 +91,7 @@ from bench.report import (
 )
 from core.spec import SpecError, load_spec
 from policies.registry import make_policy, policy_names
+from sim.errors import EnvironmentUnavailable
 from sim.registry import environment_names, make_environment
 
 SUMMARY_SCHEMA = "cbo-agent/bench-regret-summary"
@@ -669,9 +670,13 @@ def list_choices(console: Console | None = None) -> None:
     for column in ("env", "paper", "spec"):
         table.add_column(column)
     for name in environment_names():
-        match = _PAPER.search(make_environment(name, 0).description)
+        try:
+            description, note = make_environment(name, 0).description, ""
+        except EnvironmentUnavailable as missing:  # its optional extra (e.g. not in the image)
+            description, note = "", f" (needs the {missing.extra} extra)"
+        match = _PAPER.search(description)
         spec = folder / f"{name}.yaml" if folder else None
-        shown = spec.name if spec and spec.is_file() else "missing"
+        shown = (spec.name if spec and spec.is_file() else "missing") + note
         table.add_row(name, match.group(1) if match else "—", shown)
     console.print(table)
     console.print("Policies: " + (", ".join(policy_names()) or "none"))

@@ -25,6 +25,7 @@ import numpy as np
 
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
+from sim.errors import EnvironmentUnavailable
 
 __all__ = ["AGENTS", "OBS", "MaMuJoCoSwimmer", "blocks", "linear_actions", "parameter_count"]
 
@@ -62,7 +63,12 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
     def __init__(self) -> None:
         with warnings.catch_warnings():  # gymnasium-robotics warns about unrelated Adroit envs
             warnings.simplefilter("ignore")
-            from gymnasium_robotics import mamujoco_v1
+            try:
+                from gymnasium_robotics import mamujoco_v1
+            except ImportError as missing:  # the optional `mamujoco` extra (not in the image)
+                raise EnvironmentUnavailable(
+                    "mamujoco-swimmer", "gymnasium-robotics and mujoco", "mamujoco"
+                ) from missing
 
         self.dim = parameter_count()
         self._env = mamujoco_v1.parallel_env("Swimmer", "2x1", max_episode_steps=STEPS)

@@ -23,10 +23,10 @@ heterogeneous variant; the values are ours, the paper does not give them).
 from __future__ import annotations
 
 import numpy as np
-from mpe2 import simple_tag_v3
 
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
+from sim.errors import EnvironmentUnavailable
 
 __all__ = ["HIDDEN", "MPETag", "mlp_actions", "parameter_count"]
 
@@ -86,6 +86,11 @@ class MPETag(EpisodeEnvironment):
     reference_return = BOUND
 
     def __init__(self, heterogeneous: bool = False) -> None:
+        name = "mpe-tag-het" if heterogeneous else "mpe-tag"
+        try:
+            from mpe2 import simple_tag_v3
+        except ImportError as missing:  # the optional `mpe` extra (not in the image)
+            raise EnvironmentUnavailable(name, "mpe2", "mpe") from missing
         self.heterogeneous = heterogeneous
         self.dim = parameter_count()
         self._env = simple_tag_v3.parallel_env(
@@ -95,7 +100,6 @@ class MPETag(EpisodeEnvironment):
             max_cycles=STEPS,
             continuous_actions=True,
         )
-        name = "mpe-tag-het" if heterogeneous else "mpe-tag"
         super().__init__(
             name=name,
             intervention_type="soft",

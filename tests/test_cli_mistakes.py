@@ -177,3 +177,45 @@ def test_what_a_user_sees_is_one_line_and_exit_code_2(tmp_path):
     assert "cannot connect (" in results["demo-broker"].stderr
     assert "no command 'runn' (did you mean 'run'?)" in results["unknown-command"].stderr
     assert not (tmp_path / "s.sqlite").exists() and not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "package", "extra"),
+    [
+        ("gymnasium_robotics", "mamujoco-swimmer", "gymnasium-robotics and mujoco", "mamujoco"),
+        ("mpe2", "mpe-tag-het", "mpe2", "mpe"),
+    ],
+)
+@pytest.mark.parametrize("command", ["bench", "sim"])
+def test_an_environment_whose_extra_is_missing_names_the_extra(
+    capsys, monkeypatch, module, env, package, extra, command
+):
+    """The image leaves the simulators' extras out: making such an environment is one line."""
+    from sim.registry import make_environment
+
+    monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError
+    make_environment.cache_clear()
+    argv = {
+        "bench": ["bench", "regret", "--env", env, "--policy", "random", "--seeds", "1"],
+        "sim": ["sim", env, "--experiment", "x", "--broker", "127.0.0.1:1"],
+    }[command]
+    assert main(argv) == 2
+    line = _one_line(capsys, command)
+    assert f"{env!r} needs {package} (not installed)" in line, line
+    assert f"pip install 'cbo-agent[{extra}]'" in line, line
+
+
+def test_the_environment_list_marks_an_environment_whose_extra_is_missing(capsys, monkeypatch):
+    from sim.registry import make_environment
+
+    monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)
+    monkeypatch.setitem(sys.modules, "mpe2", None)
+    make_environment.cache_clear()
+    assert main(["bench", "regret", "--list"]) == 0
+    rows = {
+        line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if "tag" in line or "mamujoco" in line
+    }
+    assert "needs the mamujoco extra" in rows["mamujoco-swimmer"], rows
+    assert "needs the mpe extra" in rows["mpe-tag"] and "needs the mpe extra" in rows["mpe-tag-het"]

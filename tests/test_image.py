@@ -181,6 +181,19 @@ def test_torch_in_the_image_is_the_pinned_cpu_build(engine: Engine) -> None:
     assert version == f"{dockerfile_arg('TORCH_VERSION')}+cpu" and cuda is None
 
 
+def test_the_image_leaves_the_mamujoco_extra_out_and_says_so(engine: Engine) -> None:
+    """The service image stays under 1.2 GB without MuJoCo; its simulator names the extra."""
+    result = engine(
+        "run", "--rm", "--no-healthcheck", "--label", LABEL, "--entrypoint", "cbo-agent", IMAGE,
+        "sim", "mamujoco-swimmer", "--experiment", "x", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "pip install 'cbo-agent[mamujoco]'" in line, line
+    size = int(engine("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
+    assert size < 1.2e9, f"the image is {size / 1e9:.2f} GB, over its 1.2 GB target"
+
+
 def test_the_image_runs_as_its_user_with_its_healthcheck_and_no_build_configuration(
     engine: Engine,
 ) -> None:
