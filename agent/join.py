@@ -123,21 +123,7 @@ def _admit(
     outcome = _check(exp, reading, taken)
     if isinstance(outcome, Verdict):
         return outcome
-    row = outcome.row(now)
-    stored = exp.store.add_reading(
-        exp.name,
-        row.round,
-        row.node,
-        row.value,
-        row.seq,
-        row.device_id,
-        row.received_at,
-        measured_at=row.measured_at,
-        variance=row.variance,
-        replications=row.replications,
-        array=row.array,
-    )
-    if not stored:
+    if not exp.store.add_reading(exp.name, *outcome.row(now).arguments()):
         return Verdict("duplicate")
     taken.add((reading.round, reading.node))
     return _stored(exp, outcome, fresh, now)

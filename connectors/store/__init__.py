@@ -602,7 +602,7 @@ class Store:
         with self._writing(
             f"add_reading({experiment!r}, round {row.round}, {row.node!r})", experiment
         ) as conn:
-            return reading_table.add(conn, experiment, *_fields(row))
+            return reading_table.add(conn, experiment, *row.arguments())
 
     def add_readings(self, experiment: str, readings: Sequence[NewReading]) -> bool:
         """Store a batch of readings with one statement, all or none: True if every one was new
@@ -911,22 +911,6 @@ def _checked_reading(reading: NewReading) -> NewReading:
     packed = None if reading.array is None else array_columns(reading.array)
     return NewReading(
         round, node, value, seq, device_id, received_at, measured, variance, count, packed
-    )
-
-
-def _fields(row: NewReading) -> tuple[Any, ...]:
-    """`reading_table.add`'s arguments after the experiment."""
-    return (
-        row.round,
-        row.node,
-        row.value,
-        row.seq,
-        row.device_id,
-        row.received_at,
-        row.measured_at,
-        row.variance,
-        row.replications,
-        row.array,
     )
 
 

@@ -12,7 +12,7 @@ agent's ingest path, where statements per reading were most of the store's time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from connectors.store import rounds
@@ -55,6 +55,11 @@ class NewReading:
     variance: float | None = None
     replications: int | None = None
     array: Any = None
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The fields in order: `Store.add_reading`'s (and `add`'s) arguments after the
+        experiment."""
+        return tuple(getattr(self, field.name) for field in fields(self))
 
 
 def add(
