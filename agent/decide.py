@@ -205,7 +205,7 @@ def _start(
     )
     exp.track(live)
     if exp.spec.schedule.pipeline > 1:  # other rounds will be proposed before this returns
-        live.pending = exp.model.add_pending(live.intervention)
+        live.pending = exp.model.add_pending(live.intervention, live.model_round)
     return live
 
 

@@ -297,6 +297,8 @@ def _taught(
             exp.maybe_close(live, now)
         return
     telemetry.model_updated(exp, seconds, report.surprise.tolist())
+    if report.changed:
+        telemetry.model_changed(exp, report.changed, [live.number for live in lives])
     if report.rebuilt:
         save_snapshot(exp)
     if report.refit:

@@ -80,7 +80,7 @@ def recover(exp: Experiment) -> None:
     if exp.spec.schedule.pipeline > 1:  # rounds still in flight are pending again
         for live in exp.open_rounds:
             if not live.readings:
-                live.pending = exp.model.add_pending(live.intervention)
+                live.pending = exp.model.add_pending(live.intervention, live.model_round)
     exp.log.info(
         "experiment.recovered",
         rounds=len(rows),

@@ -33,6 +33,7 @@ _SECTIONS = [
     ("RewardSpec", "reward"),
     ("ConstraintSpec", "constraints"),
     ("ModelSpec", "model"),
+    ("ChangeSpec", "model.change"),
     ("PolicySpec", "policy"),
     ("InitialDesignSpec", "initial_design"),
     ("ScheduleSpec", "schedule"),

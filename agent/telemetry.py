@@ -27,6 +27,7 @@ __all__ = [
     "export_budget",
     "export_regret",
     "finished",
+    "model_changed",
     "model_updated",
     "policy_failed",
     "proposal_rejected",
@@ -70,6 +71,16 @@ def model_updated(exp: Experiment, seconds: float, surprise: Sequence[float] = (
     for node, value in zip(exp.model.order, surprise, strict=False):
         if math.isfinite(value):
             exp.metrics.observe_fit(exp.name, node, value > threshold)
+
+
+def model_changed(exp: Experiment, members: Sequence[int], rounds: Sequence[int]) -> None:
+    """The change detector (`model.change`) of these node GPs raised an alarm while learning
+    `rounds`: each forgot its readings from before the change and is due for a refit."""
+    nodes = [exp.model.order[j] for j in members]
+    exp.log.warning("model.change", nodes=nodes, rounds=list(rounds))
+    if exp.metrics:
+        for node in nodes:
+            exp.metrics.observe_change(exp.name, node)
 
 
 def proposal_rejected(exp: Experiment, reason: str) -> None:

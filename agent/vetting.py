@@ -59,7 +59,8 @@ def vet(
 
     Raises:
         Violation: an undeclared action, a target set the spec does not allow, more actions
-            used than `max_interventions`, a cost over the per-round or remaining budget.
+            used than `max_interventions` (more blocks of a parameter vector changed from its
+            default than `max_blocks`), a cost over the per-round or remaining budget.
     """
     safe = clamp_to_bounds(spec, intervention)
     hard = spec.intervention == "hard"
@@ -74,6 +75,14 @@ def vet(
     limit = constraints.max_interventions
     if limit is not None and len(used) > limit:
         raise Violation("max_interventions", f"{len(used)} actions used {used}, at most {limit}")
+    if constraints.max_blocks is not None and spec.parameters is not None:
+        changed = spec.parameters.changed_units(safe)
+        if len(changed) > constraints.max_blocks:
+            raise Violation(
+                "max_interventions",
+                f"{len(changed)} blocks of {spec.parameters.name} changed from its default "
+                f"{changed[:5]}, at most {constraints.max_blocks}",
+            )
     for reason, cap in (
         ("budget_per_round", constraints.budget_per_round),
         ("budget_remaining", constraints.budget_remaining),

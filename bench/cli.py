@@ -335,7 +335,8 @@ def _drift(args: argparse.Namespace) -> int:
 
 def _add_drift(which: argparse._SubParsersAction) -> None:
     drift = which.add_parser(
-        "drift", help="GP-UCB's cumulative (dynamic) regret: stationary, bounded, window, time"
+        "drift",
+        help="GP-UCB's cumulative (dynamic) regret: stationary, bounded, window, time, change",
     )
     drift.add_argument("--env", default="dropwave-drift", help="environment (default: drifting)")
     drift.add_argument("--models", nargs="+", default=["stationary", "window", "time"])

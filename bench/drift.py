@@ -7,6 +7,8 @@ compared), GP-UCB on it, the same seeds, rounds and candidates for every model:
     bounded     the same, exact up to `--capacity`, then `--budget` rows (`core.gp.bounded`)
     window      the exact GP of the last `--window` readings (oldest forgotten)
     time        `core.gp.temporal.TemporalGP`: the round is an input of the kernel
+    change      the stationary model with the change detector (`core.gp.change`, its default
+                settings): on an alarm it forgets its readings from before the change
 
 Round t acts on `env.at(t)` for a drifting environment (`sim.dropwave_drift`,
 `sim.sir_seasonal`), on `env` itself otherwise, and its regret is that round's, so the sum is
@@ -31,12 +33,13 @@ from rich.console import Console
 from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from core.gp import GPConfig
 from core.gp.bounded import make_gp
+from core.gp.change import ChangeConfig
 from core.gp.temporal import TemporalGP
 from sim.registry import make_environment
 
 __all__ = ["MODELS", "Run", "run", "run_one"]
 
-MODELS = ("stationary", "bounded", "window", "time")
+MODELS = ("stationary", "bounded", "window", "time", "change")
 
 
 @dataclass
@@ -63,6 +66,8 @@ def _model(name: str, actions: int, noise: float | None, options: dict[str, int]
         return make_gp(bounds, GPConfig(window=options["window"], **settings))
     if name == "time":
         return TemporalGP(bounds, GPConfig(**settings), time_scale=options["time_scale"])
+    if name == "change":
+        return make_gp(bounds, GPConfig(change=ChangeConfig(), **settings))
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 

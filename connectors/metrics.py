@@ -113,6 +113,13 @@ class AgentMetrics:
             registry=self.registry,
         )
         self._drift_level: dict[tuple[str, str], float] = {}
+        self._model_changes = Counter(
+            "cbo_model_changes",
+            "Alarms of a node's change detector (model.change): the node's readings stopped "
+            "fitting its model, and it forgot those from before the change.",
+            ("experiment", "node"),
+            registry=self.registry,
+        )
         self._gp_update = self._histogram(
             "cbo_gp_update_seconds", "Time of one posterior update.", GP_UPDATE_BUCKETS
         )
@@ -209,6 +216,10 @@ class AgentMetrics:
         level += DRIFT_WEIGHT * (float(surprised) - level)
         self._drift_level[key] = level
         self._model_drift.labels(experiment, node).set(level)
+
+    def observe_change(self, experiment: str, node: str) -> None:
+        """One alarm of a node's change detector (`cbo_model_changes_total`)."""
+        self._model_changes.labels(experiment, node).inc()
 
     def observe_gp_update(self, experiment: str, seconds: float) -> None:
         """Duration of one (batched) posterior update."""

@@ -26,6 +26,7 @@ from core.devices import resolve_device
 from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
 from core.gp.bounded import make_gp
+from core.gp.change import ChangeConfig
 from core.gp.field import FieldModel, FieldModelKind, FieldRefitJob, FieldRefitResult
 from core.gp.refit import RefitJob, RefitResult
 from core.reward import RewardFunction
@@ -90,6 +91,7 @@ class Round:
     variances: dict[str, float] = field(default_factory=dict)
     replications: dict[str, int] = field(default_factory=dict)
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)  # array nodes' readings
+    index: int = 0  # its place in the history: the round a time-aware model sees
 
 
 class NetworkModel:
@@ -141,6 +143,10 @@ class NetworkModel:
             for node in spec.nodes
         }
         self.member: dict[str, int] = {name: i for i, name in enumerate(self.order)}
+        # A time-aware model (`model.time_scale`): each node GP has one more input, the round,
+        # right after its own (parents, actions), scaled by time_scale rounds (as
+        # `core.gp.temporal.TemporalGP`); the flat GP has it after the encoded actions.
+        self.time_scale: float | None = spec.model.time_scale
         self._bounds = self._input_bounds()
         self.gp = make_gp(self._bounds, self._gp_config(), dims=self._dims())
         self.history: list[Round] = []
@@ -160,12 +166,28 @@ class NetworkModel:
         return tuple(a.name for a in self.spec.actions if node in a.targets)
 
     @property
+    def timed(self) -> bool:
+        """Whether the GPs know time (`model.time_scale`): the round is one more input."""
+        return self.time_scale is not None
+
+    @property
+    def now(self) -> int:
+        """The round a policy proposes for: the next one to start (what a time-aware model's
+        posterior is asked about)."""
+        return len(self.history)
+
+    @property
     def input_dim(self) -> int:
-        """Width of the batched GP inputs (the widest node, at least 1)."""
-        return max([1, *(inputs.width for inputs in self.inputs.values())])
+        """Width of the batched GP inputs (the widest node, with its round if timed; at
+        least 1)."""
+        return max([1, *(inputs.width + self.timed for inputs in self.inputs.values())])
 
     def _dims(self) -> list[int]:
-        return [self.inputs[node].width for node in self.order]
+        return [self.inputs[node].width + self.timed for node in self.order]
+
+    def _time_bounds(self) -> tuple[float, float]:
+        assert self.time_scale is not None
+        return (0.0, self.time_scale)
 
     def _input_bounds(self) -> torch.Tensor:
         bounds = torch.zeros(len(self.order), self.input_dim, 2, dtype=self.dtype)
@@ -173,9 +195,19 @@ class NetworkModel:
         for j, node in enumerate(self.order):
             columns = [self.spec.node(p).bounds for p in self.inputs[node].parents]
             columns += [self.spec.action(a).bounds for a in self.inputs[node].actions]
+            if self.timed:
+                columns.append(self._time_bounds())
             for c, (low, high) in enumerate(columns):
                 bounds[j, c, 0], bounds[j, c, 1] = low, high
         return bounds.to(self.device)
+
+    def with_round(self, inputs: torch.Tensor, round_index: float | None = None) -> torch.Tensor:
+        """(..., w) inputs -> (..., w + 1) with the round (default `now`) last; unchanged when
+        the model does not know time."""
+        if not self.timed:
+            return inputs
+        t = float(self.now if round_index is None else round_index)
+        return torch.cat((inputs, inputs.new_full((*inputs.shape[:-1], 1), t)), dim=-1)
 
     def _gp_config(self) -> GPConfig:
         settings = self.spec.model
@@ -183,6 +215,7 @@ class NetworkModel:
         for node in self.order:
             std = self.spec.node(node).noise_std
             noise.append(None if std is None else std**2)
+        change = settings.change
         return GPConfig(
             kernel=settings.kernel,
             noise_variance=noise,
@@ -192,6 +225,7 @@ class NetworkModel:
             window=settings.window,
             capacity=settings.capacity,
             budget=settings.budget,
+            change=None if change is None else ChangeConfig(**change.model_dump()),
             deferred=self.deferred_refits,
         )
 
@@ -233,8 +267,9 @@ class NetworkModel:
     # ------------------------------------------------------------------ learning
     def start_round(self, intervention: Intervention) -> int:
         """Record an intervention about to be applied; returns its round index."""
-        self.history.append(Round({k: float(v) for k, v in intervention.items()}))
-        return len(self.history) - 1
+        index = len(self.history)
+        self.history.append(Round({k: float(v) for k, v in intervention.items()}, index=index))
+        return index
 
     def observe(self, round_index: int, readings: Readings, *, refit: bool = True) -> LearnReport:
         """Add readings to a round; every node whose row is now complete learns, in one call.
@@ -342,7 +377,7 @@ class NetworkModel:
         mask = [[False] * k for _ in range(b)]
         for j, member_rows in enumerate(per_member):
             for i, (record, node) in enumerate(member_rows):
-                row = self.node_input_row(node, record.readings, record.intervention)
+                row = self._timed_row(node, record)
                 x[j][i][: len(row)] = row
                 y[j][i] = record.readings[node]
                 mask[j][i] = True
@@ -459,14 +494,18 @@ class NetworkModel:
         x = torch.zeros(b, self.input_dim, dtype=self.dtype, device=self.device)
         y = torch.zeros(b, dtype=self.dtype, device=self.device)
         mask = torch.zeros(b, dtype=torch.bool, device=self.device)
-        actions = record.intervention
         for node in nodes:
             j = self.member[node]
-            row = self.node_input_row(node, record.readings, actions)
+            row = self._timed_row(node, record)
             x[j, : len(row)] = torch.tensor(row, dtype=self.dtype)
             y[j] = record.readings[node]
             mask[j] = True
         return self.gp.learn_one(x, y, mask, refit=refit)
+
+    def _timed_row(self, node: str, record: Round) -> list[float]:
+        """The node GP's input for a round: `node_input_row`, then the round if timed."""
+        row = self.node_input_row(node, record.readings, record.intervention)
+        return [*row, float(record.index)] if self.timed else row
 
     def node_input_row(self, node: str, readings: Readings, actions: Intervention) -> list[float]:
         """The GP input of `node` for a round, in declared units."""
@@ -482,13 +521,14 @@ class NetworkModel:
         ]
 
     # ------------------------------------------------------------------ pending rounds
-    def add_pending(self, intervention: Intervention) -> int:
+    def add_pending(self, intervention: Intervention, round_index: int | None = None) -> int:
         """Condition every node on a round in flight, before its readings arrive.
 
         Each node gets a pending point at its input under the intervention, with parents at the
         posterior-mean rollout; its variance there shrinks and its mean does not move, so a
         policy proposing the next round in parallel looks elsewhere. Returns a handle for
-        `drop_pending`, to be called before the round's readings are learned.
+        `drop_pending`, to be called before the round's readings are learned. A time-aware
+        model puts the point at `round_index` (default: the round started last).
         """
         if not self.order:  # array nodes only: nothing to condition (see docs/design.md)
             return -1
@@ -503,6 +543,9 @@ class NetworkModel:
                 if node in fixed:
                     continue
                 inputs = self.node_inputs_at(node, actions, values).reshape(-1)
+                if self.timed:
+                    at = len(self.history) - 1 if round_index is None else round_index
+                    inputs = self.with_round(inputs, at)
                 j = self.member[node]
                 x[j, : inputs.numel()] = inputs
                 mask[j] = True
@@ -518,13 +561,14 @@ class NetworkModel:
         """Posterior mean and std of a node's latent function; differentiable in `inputs`.
 
         Args:
-            inputs: (..., width) GP inputs in declared units (parents, then actions).
+            inputs: (..., width) GP inputs in declared units (parents, then actions); a
+                time-aware model is asked about them at the present round (`now`).
 
         Returns:
             mean (...), std (...).
         """
         lead = inputs.shape[:-1]
-        flat = inputs.reshape(lead.numel(), inputs.shape[-1])
+        flat = self.with_round(inputs.reshape(lead.numel(), inputs.shape[-1]))
         pad = self.input_dim - flat.shape[-1]
         if pad:
             flat = torch.cat([flat, flat.new_zeros(flat.shape[0], pad)], dim=-1)
@@ -645,8 +689,9 @@ class NetworkModel:
     # ------------------------------------------------------------------ flat model (GP-UCB)
     @property
     def flat_dim(self) -> int:
-        """Width of the flat model's input: A values (soft), A values + A do-bits (hard)."""
-        return len(self.action_names) * (2 if self.spec.intervention == "hard" else 1)
+        """Width of the flat model's input: A values (soft), A values + A do-bits (hard), and
+        the round when the model knows time."""
+        return len(self.action_names) * (2 if self.spec.intervention == "hard" else 1) + self.timed
 
     def flat_encode(self, actions: torch.Tensor, set_actions: Sequence[str] = ()) -> torch.Tensor:
         """Encode action vectors as inputs of the flat model; differentiable in `actions`.
@@ -658,8 +703,11 @@ class NetworkModel:
                 adds nothing to kernel distances) and a do-bit of 0. Ignored for soft.
 
         Returns:
-            (..., flat_dim) inputs.
+            (..., flat_dim) inputs; a time-aware model's at the present round (`now`).
         """
+        return self.with_round(self._flat_encode(actions, set_actions))
+
+    def _flat_encode(self, actions: torch.Tensor, set_actions: Sequence[str]) -> torch.Tensor:
         if self.spec.intervention != "hard":
             return actions
         used = torch.zeros(len(self.action_names), dtype=torch.bool, device=actions.device)
@@ -688,6 +736,9 @@ class NetworkModel:
         if self.spec.intervention == "hard":
             bits = torch.tensor([[0.0, 1.0]], dtype=self.dtype, device=self.device)
             bounds = torch.cat([bounds, bits.expand(len(self.action_names), 2)])
+        if self.timed:
+            time = torch.tensor([self._time_bounds()], dtype=self.dtype, device=self.device)
+            bounds = torch.cat([bounds, time])
         return bounds
 
     def _flat_config(self) -> GPConfig:
@@ -699,7 +750,7 @@ class NetworkModel:
     def _flat_row(self, record: Round) -> torch.Tensor:
         actions = self.action_vector(record.intervention)
         set_actions = tuple(record.intervention) if self.spec.intervention == "hard" else ()
-        return self.flat_encode(actions, set_actions)
+        return self.with_round(self._flat_encode(actions, set_actions), record.index)
 
     def _flat_learn_history(self) -> None:
         rounds = [i for i, r in enumerate(self.history) if self.reward_node in r.readings]

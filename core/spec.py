@@ -9,7 +9,7 @@ error names the offending field (`nodes[2].parents: unknown node 'X9'`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -179,6 +179,12 @@ class ParametersSpec(_Strict):
         "a half-open range `[start, stop)`; they may not overlap. Policies may use them as a "
         "given decomposition (`addgpucb`).",
     )
+    default: float | list[float] = Field(
+        default=0.0,
+        description="θ's default, one number for every coordinate or one per coordinate: with "
+        "`constraints.max_interventions`, a round changes at most that many blocks from it "
+        "(a coordinate outside every block is a block of its own) and the others keep it.",
+    )
 
     _bounds = field_validator("bounds")(_check_bounds)
 
@@ -209,6 +215,18 @@ class ParametersSpec(_Strict):
                 if start < other_stop and other_start < stop:
                     problems.append(f"blocks.{block}: overlaps block {other!r}")
             taken.append((start, stop, block))
+        if isinstance(self.default, list) and len(self.default) != self.dimension:
+            problems.append(
+                f"default: one value per coordinate ({self.dimension}), got {len(self.default)}"
+            )
+        elif not problems:  # the bounds are whole
+            outside = [
+                i
+                for i, value in enumerate(self.reference)
+                if not self.coordinate_bound(i)[0] <= value <= self.coordinate_bound(i)[1]
+            ]
+            if outside:
+                problems.append(f"default: outside the bounds at coordinates {outside[:5]}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -219,6 +237,32 @@ class ParametersSpec(_Strict):
 
     def coordinate_bound(self, i: int) -> tuple[float, float]:
         return self.coordinate_bounds[i] if self.coordinate_bounds else self.bounds
+
+    @property
+    def reference(self) -> list[float]:
+        """θ's default, one value per coordinate."""
+        if isinstance(self.default, list):
+            return [float(v) for v in self.default]
+        return [float(self.default)] * self.dimension
+
+    @property
+    def units(self) -> dict[str, tuple[int, int]]:
+        """What a block limit counts: the blocks, and every coordinate outside them as a block
+        named after its action, as half-open ranges in θ's order."""
+        covered = {i for start, stop in self.blocks.values() for i in range(start, stop)}
+        lone = {f"{self.name}.{i}": (i, i + 1) for i in range(self.dimension) if i not in covered}
+        return dict(sorted({**self.blocks, **lone}.items(), key=lambda item: item[1]))
+
+    def changed_units(self, values: Mapping[str, float]) -> list[str]:
+        """The units (`units`) where `values` (action name -> value) differ from the default;
+        a coordinate missing from `values` counts as 0."""
+        reference = self.reference
+        names = self.coordinate_names
+        return [
+            unit
+            for unit, (start, stop) in self.units.items()
+            if any(float(values.get(names[i], 0.0)) != reference[i] for i in range(start, stop))
+        ]
 
 
 def _expand_parameters(data: Any) -> Any:
@@ -306,7 +350,8 @@ class ConstraintSpec(_Strict):
         default=None,
         ge=1,
         description="At most this many actions used in one round (soft: nonzero values; hard: "
-        "the size of the target set). null: no limit.",
+        "the size of the target set); with a `parameters` vector, at most this many of its "
+        "blocks changed from `parameters.default`. null: no limit.",
     )
     budget_per_round: float | None = Field(
         default=None, gt=0, description="Cap on the cost of one round. null: no cap."
@@ -379,6 +424,34 @@ class FidelitySpec(_Strict):
         return self.setup_cost + self.unit_cost * float(replications) * float(tau)
 
 
+class ChangeSpec(_Strict):
+    """A Page-Hinkley test on each node's standardized predictive residuals (see
+    `core.gp.change`)."""
+
+    threshold: float = Field(
+        default=30.0,
+        gt=0,
+        description="Alarm when the cumulative excess of z² over its expectation (1, plus "
+        "`slack`) passes this. Larger: fewer false alarms, later detection.",
+    )
+    slack: float = Field(
+        default=1.0,
+        ge=0,
+        description="Excess of z² per reading tolerated before it counts toward an alarm.",
+    )
+    keep: int = Field(
+        default=10,
+        ge=1,
+        description="Readings a node keeps on an alarm, at least: the most recent (more when "
+        "the test dates the change earlier: all readings since it).",
+    )
+    warmup: int = Field(
+        default=20,
+        ge=1,
+        description="Readings a node learns (and again after every alarm) before its test runs.",
+    )
+
+
 class ModelSpec(_Strict):
     """Settings of every node's Gaussian process (see `core.gp.GPConfig`)."""
 
@@ -423,10 +496,32 @@ class ModelSpec(_Strict):
         "null: the capacity.",
     )
 
+    time_scale: float | None = Field(
+        default=None,
+        gt=0,
+        description="Make every node's GP time-aware: the round a reading was taken is one more "
+        "input of its kernel, scaled by this many rounds (`core.gp.temporal`), its lengthscale "
+        "learned by the refits with the others, and the policies ask for the posterior at the "
+        "round they propose. Readings older than a few learned lengthscales stop informing the "
+        "present: for a system that drifts. Bound it with `window`, not `capacity` (old rows "
+        "are far in time from every other and would look informative). null: stationary.",
+    )
+    change: ChangeSpec | None = Field(
+        default=None,
+        description="A change detector over each node's standardized predictive residuals "
+        "(`core.gp.change`): on an alarm the node forgets its readings from before the change "
+        "and refits. null: none (a misfit still makes a refit due).",
+    )
+
     @model_validator(mode="after")
     def _check_bound(self) -> ModelSpec:
         if self.capacity is not None and self.window is not None:
             raise ValueError("model.window and model.capacity exclude each other: set one")
+        if self.time_scale is not None and self.capacity is not None:
+            raise ValueError(
+                "model.time_scale and model.capacity exclude each other: bound a time-aware "
+                "model with model.window"
+            )
         if self.budget is not None and (self.capacity is None or self.budget > self.capacity):
             raise ValueError("model.budget needs a model.capacity at least as large")
         return self
@@ -744,10 +839,12 @@ class ExperimentSpec(_Strict):
         problems = []
         if self.intervention != "soft":
             problems.append("parameters: a parameter vector is a soft intervention")
-        if self.constraints.max_interventions is not None:
+        if self.constraints.max_interventions is not None and self.action_names != (
+            self.parameter_vector
+        ):
             problems.append(
-                "constraints.max_interventions: every parameter is set each round (a limit on "
-                "the blocks changed per round is not supported)"
+                "constraints.max_interventions: with a parameter vector it limits the blocks of "
+                "θ changed per round; not with other actions beside θ"
             )
         if self.candidates is not None:
             problems.append("candidates: not with a parameter vector")

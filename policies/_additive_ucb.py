@@ -28,6 +28,9 @@ its variance, whatever D (`AdditiveGP.local_posterior`).
 - After the sweeps, a projected quasi-Newton polish (L-BFGS-B on the whole sum, all groups in
   one differentiable call: `polish` iterations, 0 = none) refines the continuous optimum; its
   point is kept only where UCB improved.
+- Under a block limit (`Constraints.max_blocks`, at most k blocks of θ changed from its
+  default), the optimum found without it is the target: starting from the default, the block
+  whose target values raise UCB most moves, k times at most (`policies._blocks.greedy_units`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pydantic import Field
 from core.gp.additive import AdditiveGP
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
+from policies._blocks import greedy_units, keep_units
 from policies.base import Constraints, NothingAffordable, PolicySettings, Proposal
 from policies.base import intervention_cost as _cost
 
@@ -156,6 +160,9 @@ class AdditiveUCB:
         if self.settings.polish and self.gp.n:
             theta, value, polished = self._polish(theta, value)
         point = self.bounds[:, 0] + theta[:-1] * (self.bounds[:, 1] - self.bounds[:, 0])
+        blocks = None
+        if constraints.max_blocks is not None:
+            point, value, blocks = self._within_blocks(point, constraints.max_blocks)
         intervention = dict(zip(self.names, point.tolist(), strict=True))
         cost = _cost(self.spec, intervention)
         if cost > constraints.round_cap * (1 + 1e-12) + 1e-12:
@@ -174,8 +181,29 @@ class AdditiveUCB:
                 "polished": polished,
                 "observations": self.gp.n,
                 "learned_now": learned,
+                **({} if blocks is None else {"blocks_changed": blocks}),
             },
         )
+
+    def _within_blocks(
+        self, point: torch.Tensor, limit: int
+    ) -> tuple[torch.Tensor, float, list[str]]:
+        """The optimum kept to `limit` blocks of θ changed from its default, chosen greedily
+        by the acquisition (`policies._blocks.greedy_units`); its value and those blocks."""
+
+        def score(batch: list[list[float]]) -> list[float]:
+            with torch.no_grad():
+                return [float(self._acquisition(self._unit_padded(row))) for row in batch]
+
+        target = point.tolist()
+        chosen = greedy_units(self.spec, target, limit, score)
+        kept = keep_units(self.spec, target, chosen)
+        return torch.tensor(kept, dtype=point.dtype), score([kept])[0], chosen
+
+    def _unit_padded(self, values: Sequence[float]) -> torch.Tensor:
+        """(D + 1,) unit-cube point of declared values, the last entry the groups' padding."""
+        unit = self.gp.unit(torch.tensor(values, dtype=self.gp.dtype))
+        return torch.cat([unit, unit.new_zeros(1)])
 
     # ------------------------------------------------------------------ acquisition
     def _start(self) -> torch.Tensor:

@@ -257,6 +257,7 @@ class SearchPolicy(Policy):
     """A policy that maximizes an acquisition over the admissible regions (module docstring)."""
 
     Settings = SearchSettings
+    reads_model = True
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(spec, settings)

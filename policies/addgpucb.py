@@ -69,6 +69,7 @@ class AddGPUCBPolicy(Policy):
 
     name = "addgpucb"
     Settings = AddGPUCBSettings
+    handles_block_limits = True  # policies._additive_ucb keeps it
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(spec, settings)

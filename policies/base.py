@@ -41,16 +41,22 @@ class Constraints:
             for hard); None = no limit.
         budget_per_round: cap on this round's cost; None = no cap.
         budget_remaining: what is left of the total budget (after reservations); None = no cap.
+        max_blocks: a parameter vector's cardinality: at most this many of its blocks
+            (`ParametersSpec.units`) differ from its default; None = no limit. The spec's
+            `max_interventions` becomes this one (not `max_interventions`) for a parameter vector.
     """
 
     max_interventions: int | None = None
     budget_per_round: float | None = None
     budget_remaining: float | None = None
+    max_blocks: int | None = None
 
     @classmethod
     def from_spec(cls, spec: ExperimentSpec, spent: float = 0.0) -> Constraints:
         limits = spec.constraints
         remaining = None if limits.budget_total is None else max(limits.budget_total - spent, 0.0)
+        if spec.parameters is not None:
+            return cls(None, limits.budget_per_round, remaining, limits.max_interventions)
         return cls(limits.max_interventions, limits.budget_per_round, remaining)
 
     @property
@@ -115,12 +121,40 @@ class Policy(ABC):
     # Whether the policy works on specs with array nodes (paper 002), whose rewards have no
     # scalar rollout through the network: those that only need the flat model or none.
     handles_arrays: ClassVar[bool] = False
+    # Whether the policy keeps a limit on the blocks of a parameter vector changed per round
+    # (`Constraints.max_blocks`); the others refuse such a spec.
+    handles_block_limits: ClassVar[bool] = False
+    # Whether the policy decides on the `NetworkModel`'s scalar GPs (node or flat), the ones
+    # `model.time_scale` and `model.change` apply to; a policy with a model of its own doesn't.
+    reads_model: ClassVar[bool] = False
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         if (spec.array_nodes or spec.reward.aggregation == "function") and not self.handles_arrays:
             raise ValueError(
                 f"{self.name}: the spec's reward is a function of arrays; policies for it: "
                 "eicf, ucbcf, eimetric, gpucb, random"
+            )
+        limited = spec.parameters is not None and spec.constraints.max_interventions is not None
+        if limited and not self.handles_block_limits:
+            raise ValueError(
+                f"{self.name}: does not keep a limit on the blocks of θ changed per round "
+                "(constraints.max_interventions with parameters); policies that do: "
+                "random, addgpucb"
+            )
+        drifting = [
+            f"model.{name}"
+            for name in ("time_scale", "change")
+            if getattr(spec.model, name) is not None
+        ]
+        if drifting and (not self.reads_model or spec.array_nodes):
+            why = (
+                "the array nodes' models would not use it"
+                if spec.array_nodes
+                else f"{self.name} decides on a model of its own, which would not use it"
+            )
+            raise ValueError(
+                f"{' and '.join(drifting)}: {why}; it applies to the scalar node GPs "
+                "(policies mcbo, eifn, eicbo, dgpucb, gpucb, random)"
             )
         self.spec = spec
         try:

@@ -16,6 +16,8 @@ every proposal keeps the same contract as the others (see `policies._supports`):
   cardinality limit and whose cheapest point fits the round cap — the spec declares them as
   the alternatives to explore (an observational `[]` among them, when declared).
 - Finite candidates: drawn uniformly among the admissible ones.
+- A parameter vector under a block limit (`Constraints.max_blocks`): θ drawn uniformly, then
+  all but `max_blocks` uniformly chosen blocks set back to θ's default (`policies._blocks`).
 - Multi-fidelity specs (paper 001's RND): θ from a Latin hypercube of `lhs_size` points
   drawn in turn (a new one when used up), every trial at τ_max and q_max.
 - Budget: values are drawn uniformly in their bounds; a draw over the round cap is pulled toward
@@ -33,6 +35,7 @@ import torch
 from pydantic import Field
 
 from core.network import NetworkModel
+from policies._blocks import keep_units, random_units
 from policies._supports import admissible_candidates, mandatory_actions
 from policies.base import (
     Constraints,
@@ -70,6 +73,8 @@ class RandomPolicy(Policy):
 
     name = "random"
     handles_arrays = True
+    handles_block_limits = True
+    reads_model = True  # reads none: a time-aware model or a change detector cost it nothing
     Settings = RandomSettings
 
     def propose(
@@ -86,6 +91,8 @@ class RandomPolicy(Policy):
             support = self._draw_support(constraints, rng)
             values = {name: self._uniform(name, rng) for name in support}
             values = self._fit_budget(values, constraints, rng)
+            if constraints.max_blocks is not None:
+                values = self._within_blocks(values, constraints.max_blocks, rng)
             if spec.intervention == "soft":
                 intervention = {name: values.get(name, 0.0) for name in spec.action_names}
             else:
@@ -95,6 +102,15 @@ class RandomPolicy(Policy):
             raise RuntimeError(f"random: proposal cost {cost} exceeds the round cap")
         used = tuple(n for n, v in intervention.items() if self._used(v))
         return Proposal(intervention, math.nan, cost, used, {"policy": self.name})
+
+    def _within_blocks(
+        self, values: dict[str, float], limit: int, rng: torch.Generator
+    ) -> dict[str, float]:
+        """θ drawn in `limit` uniformly chosen blocks, its default everywhere else."""
+        names = self.spec.parameter_vector
+        theta = [values.get(n, 0.0) for n in names]
+        kept = keep_units(self.spec, theta, random_units(self.spec, limit, rng))
+        return dict(zip(names, kept, strict=True))
 
     def _fidelity_trial(self, constraints: Constraints, rng: torch.Generator) -> Proposal:
         fidelity = self.spec.fidelity

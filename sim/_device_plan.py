@@ -91,7 +91,8 @@ class Actuator:
         noise: delay, jitter, drop and duplicate settings.
         seed: seeds both the environment's noise (a torch.Generator) and the device's own draws.
         seq_start: the first sequence number of every node.
-        optimum: E[y | a*] for oracle messages; None publishes no oracle.
+        optimum: E[y | a*] for oracle messages (a drifting environment's oracle message
+            carries its round's own); None publishes no oracle.
     """
 
     def __init__(
@@ -114,8 +115,9 @@ class Actuator:
     def apply(self, action: Action) -> Plan:
         """Validate, step the environment once and plan the messages; Rejected if invalid."""
         applied = self._validate(action)
-        values, spread = self.env.step_with_spread(applied, self._generator)
-        oracle = None if self.optimum is None else self._oracle(action, applied)
+        system = self.system(action.round)
+        values, spread = system.step_with_spread(applied, self._generator)
+        oracle = None if self.optimum is None else self._oracle(action, applied, system)
         ack = Ack(
             experiment=action.experiment,
             round=action.round,
@@ -131,6 +133,12 @@ class Actuator:
             for node in self.env.node_names
         ]
         return Plan(ack, oracle, tuple(sorted(readings, key=lambda r: r.delay_s)))
+
+    def system(self, round_: int) -> Environment:
+        """The system as it is in that round: `env.at(round)` for an environment that drifts
+        (`sim.dropwave_drift`, `sim.sir_seasonal`), else the environment itself."""
+        at = getattr(self.env, "at", None)
+        return self.env if at is None else at(round_)
 
     def reject(self, action: Action, reason: str) -> Ack:
         """The ack saying `action` was not applied, and why."""
@@ -156,14 +164,16 @@ class Actuator:
         except ValueError as error:
             raise Rejected(str(error)) from None
 
-    def _oracle(self, action: Action, applied: dict[str, float]) -> Oracle:
+    def _oracle(self, action: Action, applied: dict[str, float], system: Environment) -> Oracle:
         assert self.optimum is not None
+        # a drifting system's optimum is that round's: the regret is the dynamic regret
+        optimum = self.optimum if system is self.env else float(system.optimum.value)
         return Oracle(
             experiment=action.experiment,
             round=action.round,
             action_id=action.action_id,
-            expected_reward=float(self.env.expected_reward(applied)),
-            optimum=self.optimum,
+            expected_reward=float(system.expected_reward(applied)),
+            optimum=optimum,
             device_id=self.device_id,
             at=time.time(),
         )

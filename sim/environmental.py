@@ -72,14 +72,20 @@ class Environmental(Environment):
 
     def initial_design(self, seed: int) -> list[dict[str, float]]:
         """INITIAL_DESIGN uniform random inputs in the bounds, seeded."""
-        generator = torch.Generator().manual_seed(seed)
-        draws = torch.rand(INITIAL_DESIGN, len(_BOUNDS), generator=generator, dtype=torch.float64)
-        rows = []
-        for draw in draws:
-            rows.append(
-                {
-                    n: lo + float(u) * (hi - lo)
-                    for (n, (lo, hi)), u in zip(_BOUNDS.items(), draw, strict=True)
-                }
-            )
-        return rows
+        return uniform_design(_BOUNDS, INITIAL_DESIGN, seed)
+
+
+def uniform_design(
+    bounds: dict[str, tuple[float, float]], count: int, seed: int
+) -> list[dict[str, float]]:
+    """`count` inputs drawn uniformly in the box `bounds` (name -> (low, high)), seeded; the
+    random initial design of paper 002's problems."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.rand(count, len(bounds), generator=generator, dtype=torch.float64)
+    return [
+        {
+            n: lo + float(u) * (hi - lo)
+            for (n, (lo, hi)), u in zip(bounds.items(), draw, strict=True)
+        }
+        for draw in draws
+    ]

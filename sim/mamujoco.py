@@ -20,6 +20,7 @@ so the regret is a gap to it, and the best return is the comparison paper 000 ma
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,7 +28,16 @@ from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
 from sim.errors import EnvironmentUnavailable
 
-__all__ = ["AGENTS", "OBS", "MaMuJoCoSwimmer", "blocks", "linear_actions", "parameter_count"]
+__all__ = [
+    "AGENTS",
+    "OBS",
+    "MaMuJoCoSwimmer",
+    "blocks",
+    "linear_actions",
+    "parallel_env",
+    "parameter_count",
+    "play",
+]
 
 AGENTS = 2
 OBS = 6  # each agent's observation in MaMuJoCo's 2x1 Swimmer
@@ -61,17 +71,8 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
     reference_return = REFERENCE
 
     def __init__(self) -> None:
-        with warnings.catch_warnings():  # gymnasium-robotics warns about unrelated Adroit envs
-            warnings.simplefilter("ignore")
-            try:
-                from gymnasium_robotics import mamujoco_v1
-            except ImportError as missing:  # the optional `mamujoco` extra (not in the image)
-                raise EnvironmentUnavailable(
-                    "mamujoco-swimmer", "gymnasium-robotics and mujoco", "mamujoco"
-                ) from missing
-
         self.dim = parameter_count()
-        self._env = mamujoco_v1.parallel_env("Swimmer", "2x1", max_episode_steps=STEPS)
+        self._env = parallel_env("mamujoco-swimmer", "Swimmer", "2x1", max_episode_steps=STEPS)
         super().__init__(
             name="mamujoco-swimmer",
             intervention_type="soft",
@@ -86,15 +87,36 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
 
     def episode(self, theta: np.ndarray, seed: int) -> float:
         """The return of one episode with θ, reset with `seed`."""
-        observations, _ = self._env.reset(seed=seed)
-        agents = list(self._env.agents)
-        total = 0.0
-        for _ in range(STEPS):
-            obs = np.stack([observations[a] for a in agents])
-            torques = linear_actions(theta, obs).astype(np.float32)
-            actions = {a: torques[i : i + 1] for i, a in enumerate(agents)}
-            observations, rewards, terminated, truncated, _ = self._env.step(actions)
-            total += float(rewards[agents[0]])  # shared by the agents
-            if any(terminated.values()) or any(truncated.values()):
-                break
-        return total
+        return play(self._env, lambda obs: linear_actions(theta, obs)[:, None], seed, STEPS)
+
+
+def parallel_env(name: str, scenario: str, agent_conf: str, **options):
+    """MaMuJoCo's PettingZoo parallel env, or EnvironmentUnavailable naming the missing extra."""
+    with warnings.catch_warnings():  # gymnasium-robotics warns about unrelated Adroit envs
+        warnings.simplefilter("ignore")
+        try:
+            from gymnasium_robotics import mamujoco_v1
+        except ImportError as missing:  # the optional `mamujoco` extra (not in the image)
+            raise EnvironmentUnavailable(
+                name, "gymnasium-robotics and mujoco", "mamujoco"
+            ) from missing
+    return mamujoco_v1.parallel_env(scenario, agent_conf, **options)
+
+
+def play(env, controller: Callable[[np.ndarray], np.ndarray], seed: int, steps: int) -> float:
+    """The shared return of one episode, reset with `seed`, of at most `steps` steps.
+
+    `controller` maps the agents' observations (agents, obs) to their actions (agents, act);
+    the episode ends early when MuJoCo's task terminates (e.g. an Ant that falls over).
+    """
+    observations, _ = env.reset(seed=seed)
+    agents = list(env.agents)
+    total = 0.0
+    for _ in range(steps):
+        moves = controller(np.stack([observations[a] for a in agents])).astype(np.float32)
+        actions = {a: moves[i] for i, a in enumerate(agents)}
+        observations, rewards, terminated, truncated, _ = env.step(actions)
+        total += float(rewards[agents[0]])  # shared by the agents
+        if any(terminated.values()) or any(truncated.values()):
+            break
+    return total

@@ -18,6 +18,13 @@ the best return is the comparison paper 000 makes.
 
 `mpe-tag-het` gives the predators different speeds and accelerations (paper 000's
 heterogeneous variant; the values are ours, the paper does not give them).
+
+`controller` picks what θ parameterizes: `mlp` (above), or paper 000's role-based higher-order
+policy `hom` (`sim.hom.HOMController`: 414 parameters for the three predators, roles assigned by
+the Hungarian algorithm, message passing over the role-interaction graph) and its ablations
+`hom-no-ra` (no role assignment, 363) and `hom-no-ri` (no role interaction, 164). The HOM's
+hidden state h ∈ (−1, 1)^5 becomes MPE's action (1 + h) / 2. Environments `mpe-tag-hom`,
+`mpe-tag-hom-no-ra`, `mpe-tag-hom-no-ri` and `mpe-tag-het-hom`.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import numpy as np
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
 from sim.errors import EnvironmentUnavailable
+from sim.hom import HOMController, unit_blocks
 
-__all__ = ["HIDDEN", "MPETag", "mlp_actions", "parameter_count"]
+__all__ = ["CONTROLLERS", "HIDDEN", "MPETag", "controller_blocks", "mlp_actions", "parameter_count"]
 
 OBS = 16  # a predator's observation in simple_tag with 3 predators, 1 prey, 2 obstacles
 ACT = 5
@@ -40,6 +48,25 @@ BOUND = 750.0
 # over 30 seeds each; the spec declares it as the reward's noise.
 RETURN_STD = 22.0
 HETEROGENEOUS = ((0.8, 2.5), (1.0, 3.0), (1.3, 3.5))  # (max_speed, accel) per predator
+PREDATORS = 3
+# controller name -> the HOM variant (role assignment, role interaction); `mlp` is not a HOM
+CONTROLLERS = {
+    "mlp": None,
+    "hom": (True, True),
+    "hom-no-ra": (False, True),
+    "hom-no-ri": (True, False),
+}
+
+
+def hom_controller(controller: str) -> HOMController:
+    """The predators' HOM policy of a `hom*` controller name."""
+    role_assignment, role_interaction = CONTROLLERS[controller]
+    return HOMController(PREDATORS, OBS, ACT, role_assignment, role_interaction)
+
+
+def controller_blocks(controller: str) -> dict[str, tuple[int, int]]:
+    """θ's blocks (the spec's `parameters.blocks`) for a controller name."""
+    return blocks() if controller == "mlp" else hom_controller(controller).blocks
 
 
 def parameter_count(hidden: int = HIDDEN) -> int:
@@ -49,14 +76,7 @@ def parameter_count(hidden: int = HIDDEN) -> int:
 
 def blocks(hidden: int = HIDDEN) -> dict[str, tuple[int, int]]:
     """The network's units as half-open ranges of θ."""
-    out, start = {}, 0
-    for j in range(hidden):
-        out[f"hidden_{j}"] = (start, start + OBS + 1)
-        start += OBS + 1
-    for k in range(ACT):
-        out[f"out_{k}"] = (start, start + hidden + 1)
-        start += hidden + 1
-    return out
+    return unit_blocks(OBS, hidden, ACT, 0, ("hidden_", "out_"))
 
 
 def mlp_actions(theta: np.ndarray, obs: np.ndarray, hidden: int = HIDDEN) -> np.ndarray:
@@ -85,14 +105,19 @@ class MPETag(EpisodeEnvironment):
     oracle_episodes = ORACLE_EPISODES
     reference_return = BOUND
 
-    def __init__(self, heterogeneous: bool = False) -> None:
-        name = "mpe-tag-het" if heterogeneous else "mpe-tag"
+    def __init__(self, heterogeneous: bool = False, controller: str = "mlp") -> None:
+        name = ("mpe-tag-het" if heterogeneous else "mpe-tag") + (
+            "" if controller == "mlp" else f"-{controller}"
+        )
         try:
             from mpe2 import simple_tag_v3
         except ImportError as missing:  # the optional `mpe` extra (not in the image)
             raise EnvironmentUnavailable(name, "mpe2", "mpe") from missing
         self.heterogeneous = heterogeneous
-        self.dim = parameter_count()
+        self.controller = controller
+        self._hom = None if controller == "mlp" else hom_controller(controller)
+        self.dim = parameter_count() if self._hom is None else self._hom.dim
+        self.parameter_blocks = controller_blocks(controller)
         self._env = simple_tag_v3.parallel_env(
             num_good=1,
             num_adversaries=3,
@@ -108,7 +133,8 @@ class MPETag(EpisodeEnvironment):
                 ActionInfo(f"theta.{i}", ("R",), (-1.0, 1.0), cost=0.0) for i in range(self.dim)
             ),
             reward_node="R",
-            description="MPE simple_tag (3 predators, 1 prey), the predators' MLP parameters"
+            description="MPE simple_tag (3 predators, 1 prey), the predators' "
+            + ("MLP parameters" if self._hom is None else f"{_HOM_NAMES[controller]} parameters")
             + (", heterogeneous predators" if heterogeneous else "")
             + " (paper 000)",
         )
@@ -126,9 +152,22 @@ class MPETag(EpisodeEnvironment):
             if not self._env.agents:
                 break
             obs = np.stack([observations[a] for a in predators])
-            moves = mlp_actions(theta, obs).astype(np.float32)
+            moves = self._predator_actions(theta, obs).astype(np.float32)
             actions = {a: moves[i] for i, a in enumerate(predators)}
             actions["agent_0"] = _prey_action(observations["agent_0"])
             observations, rewards, _, _, _ = self._env.step(actions)
             total += float(rewards["adversary_0"])
         return total
+
+    def _predator_actions(self, theta: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        """Actions (3, 5) in [0, 1] of the controller θ for the predators' observations."""
+        if self._hom is None:
+            return mlp_actions(theta, obs)
+        return (1.0 + self._hom.numpy_actions(theta, obs)) / 2.0
+
+
+_HOM_NAMES = {
+    "hom": "role-based HOM policy",
+    "hom-no-ra": "HOM policy without role assignment",
+    "hom-no-ri": "HOM policy without role interaction",
+}

@@ -10,6 +10,7 @@ from sim.additive_er import DIMENSIONS, AdditiveER
 from sim.alpine2 import Alpine2
 from sim.alpine2_budget import Alpine2Budget
 from sim.base import Environment
+from sim.brusselator import Brusselator
 from sim.decomposed_synthetic import DecomposedSynthetic
 from sim.dropwave import Dropwave
 from sim.dropwave_drift import DropwaveDrift
@@ -19,6 +20,7 @@ from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
 from sim.mamujoco import MaMuJoCoSwimmer
+from sim.mamujoco_ant import MaMuJoCoAnt
 from sim.mc import MC
 from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
@@ -50,6 +52,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "weather": lambda seed: WeatherField(seed=seed),
     # paper 002's composite problem: an array node (a 3 x 4 field) and reward g(field)
     "environmental": lambda seed: Environmental(),
+    # and its PDE problem: the Brusselator's 2 x 64 x 64 field on py-pde (imported on first solve)
+    "brusselator": lambda seed: Brusselator(),
     # paper 001's subgoal domains: a seed draws the oracle's test environments
     "gw10": lambda seed: GW10.create(seed),
     "gw20": lambda seed: GW20.create(seed),
@@ -63,9 +67,16 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     # changes only the episodes' start positions, which the device's noise stream draws
     "mpe-tag": lambda seed: MPETag(heterogeneous=False),
     "mpe-tag-het": lambda seed: MPETag(heterogeneous=True),
+    # the same task with θ the predators' role-based HOM policy (sim/hom.py) and its ablations
+    "mpe-tag-hom": lambda seed: MPETag(controller="hom"),
+    "mpe-tag-hom-no-ra": lambda seed: MPETag(controller="hom-no-ra"),
+    "mpe-tag-hom-no-ri": lambda seed: MPETag(controller="hom-no-ri"),
+    "mpe-tag-het-hom": lambda seed: MPETag(heterogeneous=True, controller="hom"),
     # paper 000's Multi-agent MuJoCo (gymnasium-robotics on mujoco): θ is the two agents' linear
     # policies; a seed changes only the episodes' start noise, as for mpe-tag
     "mamujoco-swimmer": lambda seed: MaMuJoCoSwimmer(),
+    # the 2x4 Ant, two agents of two legs, each with a linear policy on its joints and the torso
+    "mamujoco-ant": lambda seed: MaMuJoCoAnt(),
 }
 
 

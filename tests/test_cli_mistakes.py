@@ -183,7 +183,10 @@ def test_what_a_user_sees_is_one_line_and_exit_code_2(tmp_path):
     ("module", "env", "package", "extra"),
     [
         ("gymnasium_robotics", "mamujoco-swimmer", "gymnasium-robotics and mujoco", "mamujoco"),
+        ("gymnasium_robotics", "mamujoco-ant", "gymnasium-robotics and mujoco", "mamujoco"),
+        ("mpe2", "mpe-tag-hom", "mpe2", "mpe"),
         ("mpe2", "mpe-tag-het", "mpe2", "mpe"),
+        ("pde", "brusselator", "py-pde", "pde"),
     ],
 )
 @pytest.mark.parametrize("command", ["bench", "sim"])
@@ -218,4 +221,6 @@ def test_the_environment_list_marks_an_environment_whose_extra_is_missing(capsys
         if "tag" in line or "mamujoco" in line
     }
     assert "needs the mamujoco extra" in rows["mamujoco-swimmer"], rows
+    assert "needs the mamujoco extra" in rows["mamujoco-ant"], rows
+    assert all("needs the mpe extra" in rows[n] for n in rows if "tag" in n), rows
     assert "needs the mpe extra" in rows["mpe-tag"] and "needs the mpe extra" in rows["mpe-tag-het"]

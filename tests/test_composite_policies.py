@@ -90,21 +90,28 @@ def test_policies_without_arrays_refuse_an_array_spec() -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_eicf_runs_the_environmental_model_through_the_service_on_the_embedded_broker(tmp_path):
+@pytest.mark.parametrize(
+    ("env_name", "shape", "rtol"),
+    [
+        ("environmental", (3, 4), 1e-12),
+        ("brusselator", (2, 64, 64), 1e-6),  # 8,192 elements: float32 on the wire
+    ],
+)
+def test_eicf_runs_a_field_environment_through_the_service_on_the_embedded_broker(
+    tmp_path, env_name, shape, rtol
+):
     rounds = 7  # 5 random rounds, then EI-CF on the HOGP
-    options = DemoOptions(
-        env="environmental", rounds=rounds, live=False, out=tmp_path, metrics_port=0
-    )
+    options = DemoOptions(env=env_name, rounds=rounds, live=False, out=tmp_path, metrics_port=0)
     result = asyncio.run(run_demo(options, Console(width=120, record=True)))
     assert result.rounds == rounds
     with Store(tmp_path / "demo.sqlite") as store:
         (name,) = store.experiment_names()
         assert {r.status for r in store.rounds(name)} == {"closed"}
         fields = [r for r in store.readings(name) if r.node == "field"]
-        assert len(fields) == rounds and all(r.array().shape == (3, 4) for r in fields)
-        env = make_environment("environmental")
+        assert len(fields) == rounds and all(r.array().shape == shape for r in fields)
+        env = make_environment(env_name)
         for row, stored in zip(fields, store.rounds(name), strict=True):
-            assert np.allclose(row.array(), env.step(stored.intervention)["field"], rtol=1e-12)
+            assert np.allclose(row.array(), env.step(stored.intervention)["field"], rtol=rtol)
 
 
 def array_reading(exp, round_: int, node: str, array, seq: int):

@@ -146,6 +146,7 @@ def exported_series() -> tuple[set[str], set[str]]:
     metrics.set_budget("e", spent=1.0, remaining=9.0)
     metrics.set_observations("e", "Y", 3)
     metrics.observe_fit("e", "Y", False)
+    metrics.observe_change("e", "Y")
     metrics.observe_gp_update("e", 0.001)
     metrics.observe_decision("e", 0.01)
     metrics.observe_policy("e", 0.01)

@@ -3,6 +3,8 @@ refits on the kept rows, and a restart that rebuilds the same state."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import structlog
@@ -195,3 +197,40 @@ def test_blocks_are_learned_as_blocks_below_capacity_and_row_by_row_past_it():
     for j in range(B):
         for got, want in zip(blocks.member_data(j), rows.member_data(j), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_an_install_keeps_the_live_rows_and_brings_the_diagonal_from_beside_the_loop():
+    """A refit copied, then readings (appends and least-informative removals) learned while it
+    ran: the install replays them, so the rows are the live ones, in order, and the factor and
+    diag((K + σ²I)⁻¹) are those of a rebuild under the new values — with no O(m³) on the caller
+    (the diagonal comes with the result)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(5 * x[:, 0]) + 0.1 * torch.randn(60, generator=gen, dtype=torch.float64)
+    config = GPConfig(
+        noise_variance=0.01, capacity=20, budget=15, refit_every=None, misfit_z=None, deferred=True
+    )
+    gp = make_gp(torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64), config)
+    for i in range(30):
+        gp.learn_one(x[i : i + 1], y[i : i + 1])
+    gp._refit_due[0] = True
+    job = gp.refit_job()
+    result = run_refit(job)
+    assert job.marks is not None and result.qdiag is not None
+    for i in range(30, 36):
+        gp.learn_one(x[i : i + 1], y[i : i + 1])
+    live_z, live_y = gp.member_data(0)
+    fresh = []
+    gp._fresh_qdiag = lambda j, f=gp._fresh_qdiag: fresh.append(j) or f(j)  # count O(m³) passes
+    report = gp.install(result)
+    assert report.refit == [0] and fresh == []
+    z, values = gp.member_data(0)
+    assert torch.equal(z, live_z) and torch.equal(values, live_y)
+    reference = copy.deepcopy(gp)
+    reference.rebuild()
+    q = torch.rand(1, 7, 2, generator=gen, dtype=torch.float64)
+    ours, theirs = gp.posterior(q), reference.posterior(q)
+    assert torch.allclose(ours.mean, theirs.mean, atol=1e-10)
+    assert torch.allclose(ours.variance, theirs.variance, atol=1e-10)
+    del gp._fresh_qdiag
+    assert torch.allclose(gp._qdiag[0], gp._fresh_qdiag(0), rtol=1e-10)

@@ -12,6 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from connectors.schemas import Action
+from sim._device_plan import Actuator, Noise
 from sim.dropwave_drift import PERIOD, DropwaveDrift
 from sim.registry import make_environment
 from sim.sir_seasonal import SeasonalSIR, seasonal_r0
@@ -70,3 +72,21 @@ def test_the_season_changes_what_a_campaign_is_worth():
     assert winter.optimum.value < summer.optimum.value - 0.3  # more sick days in winter
     plan = summer.optimum.intervention
     assert winter.expected_reward(plan) <= winter.optimum.value + 1e-9
+
+
+def test_the_device_plays_the_round_of_a_drifting_environment():
+    """`cbo-agent sim dropwave-drift`: round t's readings and oracle are env.at(t)'s, so the
+    agent's cumulative regret is the dynamic regret."""
+    env = DropwaveDrift()
+    optimum = float(env.optimum.value)
+    actuator = Actuator(env, "d", Noise(), seed=1, seq_start=0, optimum=optimum)
+    applied = {"a0": 0.5, "a1": 0.7}
+    for t in (0, PERIOD // 4, PERIOD // 2):
+        plan = actuator.apply(Action.issue("e", t, applied, "soft"))
+        system = env.at(t)
+        assert plan.oracle.optimum == pytest.approx(float(system.optimum.value))
+        assert plan.oracle.expected_reward == pytest.approx(float(system.expected_reward(applied)))
+    # the centre moved a quarter turn: the same action is worth something else
+    early = actuator.apply(Action.issue("e", 0, applied, "soft")).oracle.expected_reward
+    late = actuator.apply(Action.issue("e", PERIOD // 4, applied, "soft")).oracle.expected_reward
+    assert early != pytest.approx(late)

@@ -65,7 +65,19 @@ def test_additive_er_is_additive_over_its_cliques_with_the_known_edges():
 
 
 @pytest.mark.parametrize(
-    "name", ["mpe-tag", "mpe-tag-het", "mamujoco-swimmer", "additive-er-20", "additive-er-50"]
+    "name",
+    [
+        "mpe-tag",
+        "mpe-tag-het",
+        "mpe-tag-hom",
+        "mpe-tag-hom-no-ra",
+        "mpe-tag-hom-no-ri",
+        "mpe-tag-het-hom",
+        "mamujoco-swimmer",
+        "mamujoco-ant",
+        "additive-er-20",
+        "additive-er-50",
+    ],
 )
 def test_paper000_specs_declare_the_simulators_parameters(name):
     spec = load_spec(EXAMPLES / f"{name}.yaml")
@@ -96,3 +108,29 @@ def test_mamujoco_swimmer_plays_episodes_through_gymnasium_robotics():
     assert set(reading) == {"R"} and np.isfinite(reading["R"])
     spec = load_spec(EXAMPLES / "mamujoco-swimmer.yaml")
     assert spec.parameters.blocks == blocks()
+
+
+def test_mamujoco_ant_plays_episodes_through_gymnasium_robotics():
+    from sim.mamujoco_ant import MaMuJoCoAnt, blocks, linear_actions, parameter_count
+
+    env = MaMuJoCoAnt()
+    assert env.dim == parameter_count() == 160 < 500
+    assert type(env._env.unwrapped).__module__.startswith("gymnasium_robotics.")
+    assert env._env.observation_space("agent_0").shape == (19,)
+    assert [env._env.action_space(a).shape for a in env._env.agents] == [(4,), (4,)]
+    standing = env.episode(np.zeros(env.dim), 0)  # zero torques: the Ant stands all 1,000 steps
+    assert 950 < standing < 1050
+    theta = np.random.default_rng(0).uniform(-1, 1, env.dim)
+    first = env.episode(theta, 3)
+    assert first == env.episode(theta, 3) and first < 500  # a seed fixes it; it falls over
+    # joint k of agent i reads its own block of θ and nothing else
+    obs = np.random.default_rng(1).normal(size=(2, 19))
+    start, stop = blocks()["agent_1_joint_2"]
+    moved = theta.copy()
+    moved[start:stop] += 0.5  # that joint's weights and bias
+    changed = linear_actions(moved, obs) != linear_actions(theta, obs)
+    assert changed.tolist() == [[False] * 4, [False, False, True, False]]
+    values = {f"theta.{i}": float(v) for i, v in enumerate(theta)}
+    reading = env.step(values, torch.Generator().manual_seed(0))
+    assert set(reading) == {"R"} and np.isfinite(reading["R"])
+    assert load_spec(EXAMPLES / "mamujoco-ant.yaml").parameters.blocks == blocks()

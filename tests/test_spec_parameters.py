@@ -52,8 +52,36 @@ def test_parameter_mistakes_name_the_field(parameters, message):
     assert message in str(error.value)
 
 
-def test_cardinality_is_refused_with_a_parameter_vector():
+def test_cardinality_counts_the_blocks_changed_from_the_default():
+    data = _spec(blocks={"a": [0, 2]}, default=[0.0, 0.5, 0.0, -1.0])
+    data["constraints"] = {"max_interventions": 1}
+    spec = parse_spec(data)
+    params = spec.parameters
+    # the blocks, and each coordinate outside them a block of its own, in θ's order
+    assert params.units == {"a": (0, 2), "theta.2": (2, 3), "theta.3": (3, 4)}
+    assert params.reference == [0.0, 0.5, 0.0, -1.0]
+    at_default = dict(zip(spec.action_names, params.reference, strict=True))
+    assert params.changed_units(at_default) == []
+    assert params.changed_units({**at_default, "theta.1": 0.0, "theta.3": 1.0}) == ["a", "theta.3"]
+    assert parse_spec(_spec(default=0.25)).parameters.reference == [0.25] * 4
+
+
+@pytest.mark.parametrize(
+    ("default", "message"),
+    [
+        ([0.0, 0.0], "parameters: default: one value per coordinate (4), got 2"),
+        (2.0, "parameters: default: outside the bounds at coordinates [0, 1, 2, 3]"),
+    ],
+)
+def test_a_default_outside_the_box_is_refused(default, message):
+    with pytest.raises(SpecError) as error:
+        parse_spec(_spec(default=default))
+    assert message in str(error.value)
+
+
+def test_a_block_limit_beside_other_actions_is_refused():
     data = _spec()
+    data["actions"] = [{"name": "x", "targets": ["R"], "bounds": [0, 1]}]
     data["constraints"] = {"max_interventions": 2}
-    with pytest.raises(SpecError, match="every parameter is set each round"):
+    with pytest.raises(SpecError, match="not with other actions beside θ"):
         parse_spec(data)

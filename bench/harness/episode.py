@@ -311,11 +311,12 @@ def violations(
 ) -> list[str]:
     """Constraints a played round broke (the benchmark checks policies, it does not trust them):
     cardinality, per-round cap, total budget and, for hard interventions, the target set."""
-    used = (
-        len(intervention)
-        if spec.intervention == "hard"
-        else sum(v != 0 for v in intervention.values())
-    )
+    if spec.parameters is not None:  # the limit counts θ's blocks changed from its default
+        used = len(spec.parameters.changed_units(intervention))
+    elif spec.intervention == "hard":
+        used = len(intervention)
+    else:
+        used = sum(v != 0 for v in intervention.values())
     allowed = [set(s) for s in spec.allowed_target_sets()]
     problems = []
     limits = spec.constraints

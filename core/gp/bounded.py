@@ -37,15 +37,17 @@ change of hyperparameters).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import structlog
 import torch
 
 from core.blas import solve_lower_in_buffer_, solve_lower_transposed_in_buffer_
-from core.gp.buffers import put_data, truncate
+from core.gp.buffers import ensure_capacity, put_data, truncate
 from core.gp.config import GPConfig, LearnReport
 from core.gp.model import IncrementalGP
+from core.gp.refit import RefitJob, RefitResult
 from core.gp.standardize import recount
 
 __all__ = ["BOUNDED_FIELDS", "BoundedGP", "make_gp", "remove_row"]
@@ -120,6 +122,11 @@ class BoundedGP(IncrementalGP):
         self._qdiag: list[torch.Tensor | None] = [None] * b
         self._removals = [0] * b  # since the diagonal was last computed exactly
         self._before: list[int] | None = None  # rows before the append being learned
+        # Deferred refits: per member, its edits (("add", z, y), ("remove", i)) since the
+        # oldest job's copy, numbered from _edit_base, so that `install` replays them
+        self._edits: list[list[tuple]] = [[] for _ in range(b)]
+        self._edit_base = [0] * b
+        self._logged = [0] * b  # rows when the edits were last logged
         self.reserve(self.capacity + 2)
 
     # ------------------------------------------------------------------ learning
@@ -179,6 +186,7 @@ class BoundedGP(IncrementalGP):
             merged.refit_failed += part.refit_failed
             merged.rebuilt = sorted(set(merged.rebuilt) | set(part.rebuilt))
             merged.forgotten += part.forgotten
+            merged.changed = sorted(set(merged.changed) | set(part.changed))
         return merged
 
     @torch.no_grad()
@@ -230,6 +238,7 @@ class BoundedGP(IncrementalGP):
         """Past capacity, remove the least informative rows (two while above the budget)."""
         if self._before is not None:
             self._track_appends(self._before)
+        self._log_appends()
         dropped, rebuild = [0] * self.batch, []
         for j in range(self.batch):
             real = self._buffers.real[j]
@@ -247,10 +256,14 @@ class BoundedGP(IncrementalGP):
                 )
             excess = min(real - self.budget, 2)
             for _ in range(max(excess, 0)):
-                if not self._remove_least_informative(j):
+                removed = self._remove_least_informative(j)
+                if removed is None:
                     rebuild.append(j)
+                    self._log(j, ("reset",))
                     break
+                self._log(j, ("remove", removed))
                 dropped[j] += 1
+        self._logged = list(self._buffers.real)
         if any(dropped):
             for j, count in enumerate(dropped):
                 self._forgotten[j] += count  # a refit job copied before is resynced
@@ -265,14 +278,24 @@ class BoundedGP(IncrementalGP):
         self._removals[j] = 0
         return inverse.square().sum(0)
 
-    def _remove_least_informative(self, j: int) -> bool:
-        """Drop member j's row of largest Qᵢᵢ (the oldest among ties); False if it failed."""
+    def _remove_least_informative(self, j: int) -> int | None:
+        """Drop member j's row of largest Qᵢᵢ (the oldest among ties); its index, or None if
+        it failed."""
+        qd = self._current_qdiag(j)
+        i = int(torch.argmax(qd))
+        return i if self._remove_at(j, i, qd) else None
+
+    def _current_qdiag(self, j: int) -> torch.Tensor:
+        """Member j's diag(Q), kept, or computed exactly when missing or due (O(n³))."""
+        qd = self._qdiag[j]
+        if qd is None or qd.numel() != self._buffers.real[j] or self._removals[j] >= self.budget:
+            qd = self._fresh_qdiag(j)
+        return qd
+
+    def _remove_at(self, j: int, i: int, qd: torch.Tensor) -> bool:
+        """Drop member j's row i in O(n²), diag(Q) = qd before; False if it failed."""
         buffers = self._buffers
         n = buffers.real[j]
-        qd = self._qdiag[j]
-        if qd is None or qd.numel() != n or self._removals[j] >= self.budget:
-            qd = self._fresh_qdiag(j)
-        i = int(torch.argmax(qd))
         factor = buffers.factor[j]
         u = torch.zeros(n, dtype=self.dtype, device=self.device)
         u[i] = 1.0  # L⁻¹eᵢ is zero above row i: only the trailing block is solved
@@ -300,6 +323,105 @@ class BoundedGP(IncrementalGP):
         super()._rebuild(members)
         for j in members:  # a new factor: the diagonal is computed again when next needed
             self._qdiag[j] = None
+
+    # ------------------------------------------------------------------ refits beside the loop
+    def _log(self, j: int, edit: tuple) -> None:
+        """Note an edit of member j's rows for a job's install (deferred refits only)."""
+        if not self.config.deferred:
+            return
+        edits = self._edits[j]
+        edits.append(edit)
+        if len(edits) > 4 * (self.capacity + 2):  # no job came for them: keep memory flat
+            self._edit_base[j] += len(edits)
+            edits.clear()
+
+    def _log_appends(self) -> None:
+        """Log the rows each member appended since the last log (a member holding fewer rows
+        than then lost them to a change or a failure: no replay gets past that)."""
+        buffers = self._buffers
+        for j, logged in enumerate(self._logged):
+            if buffers.real[j] < logged:
+                self._log(j, ("reset",))
+            for r in range(logged, buffers.real[j]):
+                self._log(j, ("add", buffers.z[j, r].clone(), float(buffers.y[j, r])))
+        self._logged = list(buffers.real)
+
+    def _mark(self, j: int) -> int:
+        return self._edit_base[j] + len(self._edits[j])
+
+    def refit_job(self, members: Sequence[int] | None = None) -> RefitJob | None:
+        """As `IncrementalGP.refit_job`, with each member's edit count (see `install`)."""
+        job = super().refit_job(members)
+        if job is None or not self.config.deferred:
+            return job
+        for j in job.members:  # the service runs one job at a time: older edits are done with
+            self._edit_base[j] += len(self._edits[j])
+            self._edits[j].clear()
+        return dataclasses.replace(job, marks=[self._mark(j) for j in job.members])
+
+    def refresh_job(self, job: RefitJob) -> RefitJob | None:
+        fresh = super().refresh_job(job)
+        if fresh is None or job.marks is None:
+            return fresh
+        return dataclasses.replace(fresh, marks=[self._mark(j) for j in job.members])
+
+    @torch.no_grad()
+    def install(self, result: RefitResult) -> LearnReport:
+        """Swap in a refit done beside the model: per member its values, its snapshot's factor
+        and diag(Q) (both computed beside the loop), then the member's own appends and
+        removals since the snapshot replayed in order (O(m²) each), so the kept rows are
+        exactly the live ones. (`IncrementalGP.install` would forget the snapshot's oldest
+        rows, where this model removed its least informative.) A member whose edits are not
+        all known (a change, a failed removal) is rebuilt from its rows."""
+        job, buffers = result.job, self._buffers
+        if job.marks is None or result.qdiag is None:
+            return super().install(result)
+        installed, resync, replays = [], [], {}
+        with self._pending_detached():
+            for k, j in enumerate(job.members):
+                if not self._take_result(result, k, j):
+                    continue
+                installed.append(j)
+                start = job.marks[k] - self._edit_base[j]
+                edits = self._edits[j][start:] if start >= 0 else None
+                if edits is None or any(e[0] == "reset" for e in edits):
+                    resync.append(j)
+                    continue
+                n0 = job.rows[k]
+                buffers.z[j, :n0] = job.z[k]
+                buffers.y[j, :n0] = job.y[k]
+                self._put_factor(result, k, j)
+                self._qdiag[j] = result.qdiag[k].to(self.dtype)
+                self._removals[j] = 0
+                replays[j] = edits
+            self._refresh_scalars()
+            for j, edits in replays.items():
+                if not self._replay(j, edits):
+                    resync.append(j)
+            self._moments = recount(buffers)
+            if resync:
+                self._rebuild(sorted(set(resync)))
+            self._logged = list(buffers.real)
+            buffers.version += 1
+        return self._installed(result, installed)
+
+    def _replay(self, j: int, edits: list[tuple]) -> bool:
+        """Member j's logged appends and removals, again, under its new factor."""
+        buffers = self._buffers
+        for kind, *payload in edits:
+            if kind == "add":
+                z = torch.zeros(self.batch, self.dim, dtype=self.dtype, device=self.device)
+                z[j] = payload[0]
+                y = [0.0] * self.batch
+                y[j] = payload[1]
+                before = list(buffers.real)
+                ensure_capacity(buffers, max(buffers.rows) + 1)
+                self._append(z, y, [j])
+                buffers.real[j] += 1
+                self._track_appends(before)
+            elif not self._remove_at(j, payload[0], self._current_qdiag(j)):
+                return False
+        return True
 
     # ------------------------------------------------------------------ persistence
     @property
@@ -346,3 +468,4 @@ class BoundedGP(IncrementalGP):
         self._skip = list(self._seen)
         self._switched = [seen > self.capacity for seen in self._seen]
         self.load_state(state)
+        self._logged = list(self._buffers.real)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.gp.change import ChangeConfig
 from core.hyperfit import PriorName
 from core.kernels import KERNELS, KernelName
 
@@ -40,6 +41,8 @@ class GPConfig:
             `budget` most informative rows, each reading O(budget²) (`core.gp.bounded`; a model
             with a capacity is made by `core.gp.bounded.make_gp`). None: no bound.
         budget: rows kept past the capacity (at most the capacity); None: the capacity.
+        change: a change detector over the predictive residuals (`core.gp.change`): on an
+            alarm a member forgets its readings from before the change and refits. None: none.
         drift_tolerance: rebuild when the data mean moves by more than this many scales from the
             frozen standardization, or the data scale changes by more than this factor.
         deferred: refits and drift rebuilds are left to the caller, who runs them beside the
@@ -57,6 +60,7 @@ class GPConfig:
     window: int | None = None
     capacity: int | None = None
     budget: int | None = None
+    change: ChangeConfig | None = None
     drift_tolerance: float = 0.5
     deferred: bool = False
 
@@ -92,6 +96,8 @@ class LearnReport:
         rebuilt: members whose factor was rebuilt (refit, drift or jitter; the window removes
             a row in O(n²) and rebuilds only when learn_many overflows it or that fails).
         forgotten: rows dropped by the window.
+        changed: members whose change detector raised an alarm (they forgot their readings
+            from before the change and are rebuilt and due for a refit).
     """
 
     surprise: torch.Tensor
@@ -99,3 +105,4 @@ class LearnReport:
     refit_failed: list[int] = field(default_factory=list)
     rebuilt: list[int] = field(default_factory=list)
     forgotten: int = 0
+    changed: list[int] = field(default_factory=list)

@@ -16,9 +16,11 @@ follows a refit, a drift of the data or a numerical breakdown only.
 
 Inputs are scaled to the unit cube from declared bounds and outputs standardized with a mean and
 scale that stay fixed between refits, so appends stay exact; when the data drift away from them
-the factor is rebuilt (`standardize`). Pending points (inputs whose readings are not known yet)
-are kept as each member's trailing rows with the posterior mean as their value: the variance
-shrinks, the mean does not move (`pending`). Everything follows the dtype and device of the
+the factor is rebuilt (`standardize`). With `GPConfig.change`, a test on the predictive
+residuals (`change`) makes a member forget its rows from before a shift of the system.
+Pending points (inputs whose readings are not known yet) are kept as each member's trailing
+rows with the posterior mean as their value: the variance shrinks, the mean does not move
+(`pending`). Everything follows the dtype and device of the
 declared bounds (float64 default).
 
 With `GPConfig.deferred`, learning only appends (and forgets) rows; due refits and drift
@@ -35,11 +37,13 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
+import structlog
 import torch
 
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
 from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
+from core.gp.change import ChangeDetector
 from core.gp.checks import (
     check_bounds,
     check_dims,
@@ -64,6 +68,8 @@ from core.gp.window import apply_window, forget_oldest
 BLOCK_ROWS = 64
 
 __all__ = ["IncrementalGP"]
+
+log = structlog.get_logger("core.gp.model")
 
 
 class IncrementalGP:
@@ -119,6 +125,8 @@ class IncrementalGP:
         self._drift_due = [False] * b
         self._epochs = [0] * b
         self._forgotten = [0] * b
+        self._change = ChangeDetector(b, self.config.change) if self.config.change else None
+        self._changed: dict[int, int] = {}  # member -> newest rows after a change, to keep
         self._moments = recount(self._buffers)
         self._no_surprise = torch.full((b,), math.nan, **opts)
         self._arange_b = torch.arange(b, device=self.device)
@@ -413,9 +421,37 @@ class IncrementalGP:
         misfit_z = self.config.misfit_z
         if misfit_z is not None and any(s > misfit_z for s in surprises):
             self._refit_due[member] = True
+        if self._change is not None:
+            for i, value in enumerate(surprises):
+                after = self._change.learn(member, value)
+                if after is not None:  # rows of the block past this one came after it too
+                    self._changed[member] = after + len(surprises) - 1 - i
+
+    def _forget_before_change(self) -> list[int]:
+        """Members whose detector raised an alarm forget their rows from before the change
+        (keeping at least `change.keep`); they are due for a refit. Returns them."""
+        alarms, self._changed = self._changed, {}
+        if not alarms:
+            return []
+        buffers, keep_least = self._buffers, self.config.change.keep
+        for j, after in sorted(alarms.items()):
+            n = buffers.real[j]
+            drop = n - min(n, max(after, keep_least))
+            log.info("gp.change", member=j, rows=n, forgotten=drop)
+            if drop:
+                buffers.z[j, : n - drop] = buffers.z[j, drop:n].clone()
+                buffers.y[j, : n - drop] = buffers.y[j, drop:n].clone()
+                buffers.real[j] -= drop
+                truncate(buffers, j, n - drop)
+                self._forgotten[j] += drop
+            self._refit_due[j] = True
+        self._moments = recount(buffers)
+        return sorted(alarms)
 
     def _after_new_data(self, refit: bool, restandardizing: Sequence[int] = ()) -> LearnReport:
-        """Window, drift and refit schedule; the members they touch are rebuilt once."""
+        """Change, window, drift and refit schedule; the members they touch are rebuilt once."""
+        changed = self._forget_before_change()
+        restandardizing = sorted(set(restandardizing) | set(changed))
         forgotten, window_rebuild = self._apply_window(rebuilding=set(restandardizing))
         scalars = self._scalars
         moved = drifted(self._moments, scalars.mean, scalars.scale, self.config.drift_tolerance)
@@ -447,6 +483,7 @@ class IncrementalGP:
             refit_failed=failed,
             rebuilt=rebuild,
             forgotten=sum(forgotten),
+            changed=changed,
         )
 
     def _apply_window(self, rebuilding: set[int]) -> tuple[list[int], list[int]]:
@@ -704,11 +741,9 @@ class IncrementalGP:
         forget = [0] * self.batch
         with self._pending_detached():
             for k, j in enumerate(job.members):
-                if self._epochs[j] != job.epochs[k]:  # stale: try again with what is there now
-                    self._requeue(j, job.fit[k])
+                if not self._take_result(result, k, j):
                     continue
                 installed.append(j)
-                self._take_values(result, k, j)
                 n0, n = job.rows[k], buffers.real[j]
                 dropped = self._forgotten[j] - job.forgotten[k]
                 if dropped >= n0:  # nothing of the snapshot is left
@@ -721,10 +756,7 @@ class IncrementalGP:
                     buffers.z[j, :n0] = job.z[k]
                     buffers.y[j, :n0] = job.y[k]
                     forget[j] = dropped
-                buffers.factor[j, :n0, :n0] = result.factor[k]
-                buffers.v[j, :n0] = result.v[k]
-                truncate(buffers, j, n0)
-                buffers.rows[j] = buffers.real[j] = n0
+                self._put_factor(result, k, j)
             resync += self._forget(forget)
             self._refresh_scalars()
             self._catch_up(late_z, late)
@@ -732,10 +764,32 @@ class IncrementalGP:
             if resync:
                 self._rebuild(sorted(resync))
             buffers.version += 1
-        fit = [j for k, j in enumerate(job.members) if job.fit[k] and j in installed]
+        return self._installed(result, installed)
+
+    def _take_result(self, result: RefitResult, k: int, j: int) -> bool:
+        """Member j (the job's k-th) takes the result's values; False, and due again, when a
+        change the copy cannot follow came since (its epoch moved)."""
+        if self._epochs[j] != result.job.epochs[k]:
+            self._requeue(j, result.job.fit[k])
+            return False
+        self._take_values(result, k, j)
+        return True
+
+    def _put_factor(self, result: RefitResult, k: int, j: int) -> None:
+        """Member j's factor and v become the result's for the job's n₀ rows (its data
+        buffers must hold those rows)."""
+        n0 = result.job.rows[k]
+        self._buffers.factor[j, :n0, :n0] = result.factor[k]
+        self._buffers.v[j, :n0] = result.v[k]
+        truncate(self._buffers, j, n0)
+        self._buffers.rows[j] = self._buffers.real[j] = n0
+
+    def _installed(self, result: RefitResult, installed: list[int]) -> LearnReport:
+        """The report of an install that swapped in `installed`."""
+        job = result.job
         return LearnReport(
             surprise=self._no_surprise,
-            refit=fit,
+            refit=[j for k, j in enumerate(job.members) if job.fit[k] and j in installed],
             refit_failed=[j for j in result.failed if j in installed],
             rebuilt=installed,
         )

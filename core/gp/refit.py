@@ -113,6 +113,8 @@ class RefitJob:
         kernel, priors: the model's settings.
         epochs: per member, the model's epoch when copied; `install` refuses a stale one.
         forgotten: per member, rows the window had forgotten when copied.
+        marks: per member, a bounded model's count of edits (appends, removals) when copied,
+            so that its install replays those since (`core.gp.bounded`); None otherwise.
     """
 
     members: list[int]
@@ -129,6 +131,7 @@ class RefitJob:
     priors: PriorName
     epochs: list[int]
     forgotten: list[int]
+    marks: list[int] | None = None
 
     @property
     def rows(self) -> list[int]:
@@ -158,15 +161,21 @@ class RefitJob:
             priors=self.priors,
             epochs=[self.epochs[k] for k in ks],
             forgotten=[self.forgotten[k] for k in ks],
+            marks=None if self.marks is None else [self.marks[k] for k in ks],
         )
 
     def with_rows(
-        self, z: list[torch.Tensor], y: list[torch.Tensor], forgotten: list[int]
+        self,
+        z: list[torch.Tensor],
+        y: list[torch.Tensor],
+        forgotten: list[int],
+        marks: list[int] | None = None,
     ) -> RefitJob:
         """The same job (members, values, epochs) over newer copies of its members' rows: the
         factorization after a long fit uses the rows the model holds by then, so that only
         the few that come during the factorization are left to append on install."""
-        return dataclasses.replace(self, z=z, y=y, forgotten=forgotten)
+        marks = self.marks if marks is None else marks
+        return dataclasses.replace(self, z=z, y=y, forgotten=forgotten, marks=marks)
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,8 @@ class RefitResult:
         lengthscale: (m, d); outputscale, learned_noise, jitter, y_mean, y_scale: (m,).
         failed: the members (model numbering) whose optimizer did not converge.
         seconds: wall time of the fit and the factorization.
+        qdiag: for a bounded model's job (`marks` set), per member (n_j,) diag((K + σ²I)⁻¹)
+            of the snapshot, O(n³) here beside the loop instead of on it; else None.
     """
 
     job: RefitJob
@@ -192,6 +203,7 @@ class RefitResult:
     y_scale: torch.Tensor
     failed: list[int]
     seconds: float
+    qdiag: list[torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,9 +298,19 @@ def factorize_job(job: RefitJob, fit: RefitFit) -> RefitResult:
         y_scale=fit.y_scale,
     )
     rows = job.rows
+    factor = [buffers.factor[k, :n, :n].clone() for k, n in enumerate(rows)]
+    qdiag = None
+    if job.marks is not None:  # diag(L⁻ᵀL⁻¹) = column sums of (L⁻¹)²
+        qdiag = [
+            torch.linalg.solve_triangular(f, torch.eye(f.shape[0]).to(f), upper=False)
+            .square()
+            .sum(0)
+            for f in factor
+        ]
     return RefitResult(
         job=job,
-        factor=[buffers.factor[k, :n, :n].clone() for k, n in enumerate(rows)],
+        qdiag=qdiag,
+        factor=factor,
         v=[buffers.v[k, :n].clone() for k, n in enumerate(rows)],
         lengthscale=fit.lengthscale,
         outputscale=fit.outputscale,
