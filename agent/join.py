@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from agent import acks, telemetry
 from agent.rounds import LiveRound, RoundStatus, Verdict
 from connectors.schemas import Oracle, Reading
+from connectors.store import NewReading
 from core.gp import LearnReport
 from core.spec import ExperimentSpec
 
@@ -49,24 +51,87 @@ def on_readings(exp: Experiment, readings: Iterable[Reading]) -> list[Verdict]:
     """Join a batch of readings: store them, then update the model once per round.
 
     One durable commit per batch holds the readings and what teaching writes (round closes,
-    model snapshots): a commit (an fsync) costs more than the rest of a small batch. Nothing
-    is acknowledged to the broker before this returns, so should the commit fail, the
-    broker still holds every reading of the batch for the next life.
+    model snapshots): a commit (an fsync) costs more than the rest of a small batch. The
+    batch's new readings are stored with one statement (`Store.add_readings`); should one of
+    them be stored already (a device repeating a sequence number the in-memory checks cannot
+    see), that statement is undone and the batch is stored one reading at a time. Nothing is
+    acknowledged to the broker before this returns, so should the commit fail, the broker
+    still holds every reading of the batch for the next life.
     """
     now = exp.clock()
-    verdicts: list[Verdict] = []
+    readings = list(readings)
     fresh: Fresh = {}
     with exp.store.transaction():
-        for reading in readings:
-            verdicts.append(_admit(exp, reading, fresh, now))
+        verdicts = _admit_batch(exp, readings, fresh, now)
+        if verdicts is None:
+            taken: set[tuple[int, str]] = set()
+            verdicts = [_admit(exp, reading, fresh, taken, now) for reading in readings]
         if fresh:
             # the round timers run on the monotonic clock; the store took wall time
             _teach(exp, [(exp.rounds[n], values) for n, values in fresh.items()], exp.ticks())
     return verdicts
 
 
-def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdict:
-    """Check one reading and store it unless it is a duplicate; `fresh` collects new values."""
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A reading that passed every check but the store's: what storing and teaching need."""
+
+    reading: Reading
+    live: LiveRound
+    value: Any  # float, or an array node's numpy array
+    scalar: float  # the value, or the array's mean
+
+    def row(self, now: float) -> NewReading:
+        reading = self.reading
+        return NewReading(
+            reading.round,
+            reading.node,
+            self.scalar,
+            reading.seq,
+            reading.device_id,
+            now,
+            measured_at=reading.at,  # the device's clock: when it measured, beside when it came
+            variance=reading.variance,
+            replications=reading.replications,
+            array=self.value if isinstance(self.value, np.ndarray) else None,
+        )
+
+
+def _admit_batch(
+    exp: Experiment, readings: list[Reading], fresh: Fresh, now: float
+) -> list[Verdict] | None:
+    """Check every reading, store the new ones with one statement, and their verdicts; None
+    (nothing written) if the store already held one of them."""
+    checked: list[Verdict | _Candidate] = []
+    taken: set[tuple[int, str]] = set()
+    for reading in readings:
+        outcome = _check(exp, reading, taken)
+        if isinstance(outcome, _Candidate):
+            taken.add((reading.round, reading.node))
+        checked.append(outcome)
+    candidates = [c for c in checked if isinstance(c, _Candidate)]
+    if not exp.store.add_readings(exp.name, [c.row(now) for c in candidates]):
+        return None
+    return [c if isinstance(c, Verdict) else _stored(exp, c, fresh, now) for c in checked]
+
+
+def _admit(
+    exp: Experiment, reading: Reading, fresh: Fresh, taken: set[tuple[int, str]], now: float
+) -> Verdict:
+    """Check one reading and store it unless it is a duplicate; `fresh` collects new values,
+    `taken` the (round, node) stored so far in this batch."""
+    outcome = _check(exp, reading, taken)
+    if isinstance(outcome, Verdict):
+        return outcome
+    if not exp.store.add_reading(exp.name, *outcome.row(now).arguments()):
+        return Verdict("duplicate")
+    taken.add((reading.round, reading.node))
+    return _stored(exp, outcome, fresh, now)
+
+
+def _check(exp: Experiment, reading: Reading, taken: set[tuple[int, str]]) -> Verdict | _Candidate:
+    """A verdict for a reading that is not stored (rejected, or a duplicate the agent can see:
+    its round has the node, or `taken` holds it), else what storing it needs."""
     live = exp.rounds.get(reading.round)
     if live is None:
         return Verdict("rejected", "unknown_round")
@@ -86,23 +151,15 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         bad = implausible(exp.spec, reading.node, scalar)
     if bad:
         return Verdict("rejected", bad)
-    if reading.node in live.readings or reading.node in fresh.get(live.number, {}):
+    if reading.node in live.readings or (live.number, reading.node) in taken:
         return Verdict("duplicate")
-    stored = exp.store.add_reading(
-        exp.name,
-        reading.round,
-        reading.node,
-        scalar,
-        reading.seq,
-        reading.device_id,
-        now,
-        measured_at=reading.at,  # the device's clock: when it measured, beside when it arrived
-        variance=reading.variance,
-        replications=reading.replications,
-        array=value if isinstance(value, np.ndarray) else None,
-    )
-    if not stored:
-        return Verdict("duplicate")
+    return _Candidate(reading, live, value, scalar)
+
+
+def _stored(exp: Experiment, candidate: _Candidate, fresh: Fresh, now: float) -> Verdict:
+    """A reading just stored: charge a round given up on, note replications, keep its value
+    in `fresh` for teaching; its verdict."""
+    reading, live = candidate.reading, candidate.live
     given_up = live.status in (RoundStatus.EXPIRED, RoundStatus.REJECTED)
     # Readings of an action the agent had given up on (expired), or the actuator's own readings
     # of one it said it would not apply (rejected): it was applied after all, so it is paid for
@@ -113,7 +170,7 @@ def _admit(exp: Experiment, reading: Reading, fresh: Fresh, now: float) -> Verdi
         acks.overspent(exp, live, why, None)
     if reading.variance is not None or reading.replications is not None:
         _replicated(exp, live, reading.node, reading.variance, reading.replications, now)
-    fresh.setdefault(live.number, {})[reading.node] = value
+    fresh.setdefault(live.number, {})[reading.node] = candidate.value
     if given_up:
         return Verdict("late")
     return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")

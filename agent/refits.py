@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from agent import join
+from agent import fit_process, join
 from core.gp.field import FieldRefitJob
 from core.gp.refit import RefitFit, RefitJob, RefitResult, factorize_job, fit_job, run_refit
 
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["BackgroundRefits", "FitWorker", "run_jobs"]
 
 log = structlog.get_logger(__name__)
-
-# The fit process yields the CPU to the agent: a fit runs for seconds to minutes, a reading
-# must be learned in milliseconds. Measured (`bench latency`, 2 cores shared with other work):
-# with the fit at the agent's priority the loop fell behind at 100 readings/s in 2 of 3 long
-# windows, its latency growing to seconds; a fit that waits only gets its new values later.
-FIT_NICENESS = 10
 
 
 def run_jobs(jobs: dict[str, Any]) -> dict[str, Any]:
@@ -77,13 +71,12 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _serve_fits(conn: Connection, parent: int) -> None:
-    """The fit process: one torch thread (the other core is the event loop's), at a lower
-    priority than the agent (`FIT_NICENESS`); fit each job received, send back ("ok", fits) or
-    ("error", exception); stop at None or a closed pipe."""
+def serve_fits(conn: Connection, parent: int) -> None:
+    """The fit process (entered through `agent.fit_process.main`, which lowered its priority
+    before importing this): one torch thread (the other core is the event loop's); fit each
+    job received, send back ("ok", fits) or ("error", exception); stop at None or a closed
+    pipe."""
     torch.set_num_threads(1)
-    with contextlib.suppress(OSError):
-        os.nice(FIT_NICENESS)
     _watch_parent(parent)
     while True:
         try:
@@ -162,7 +155,7 @@ class FitWorker:
             context = multiprocessing.get_context("spawn")
             ours, theirs = context.Pipe()
             process = context.Process(
-                target=_serve_fits, args=(theirs, os.getpid()), name="cbo-fit", daemon=True
+                target=fit_process.main, args=(theirs, os.getpid()), name="cbo-fit", daemon=True
             )
             process.start()
             theirs.close()

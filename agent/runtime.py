@@ -58,6 +58,11 @@ _T = TypeVar("_T")
 INBOX_LIMIT = 50_000  # per experiment; beyond it input is rejected as a flood
 INBOX_BYTES_LIMIT = 64 * 2**20  # per experiment: payload bytes waiting there, also a flood beyond
 COALESCE_S = 0.005  # group commit window: input arriving together is stored and learned together
+# ... and past it, input keeps joining the batch while it comes this close together: a backlog
+# (the broker sending what queued while the last batch was handled) is taken whole, up to
+# BATCH_LIMIT, so the batch's fixed costs (one commit, one fsync, one GP block per node) are
+# paid once for all of it; input that trickles in ends the batch after COALESCE_S as before.
+BACKLOG_GAP_S = 0.001
 BATCH_LIMIT = 2_000
 LINGER_S = 1.0  # a finished experiment with incomplete rounds reads late feedback until this quiet
 LINGER_CAP_S = 30.0  # ... and never longer than this, whatever keeps arriving
@@ -544,7 +549,8 @@ class AgentService:
 
         Group commit: the MQTT client hands over one packet per event-loop turn, so without a
         short window every reading would cost its own durable commit and GP update. Input is
-        gathered for up to COALESCE_S (or BATCH_LIMIT messages) and handled as one batch.
+        gathered for up to COALESCE_S, then for as long as each next message follows within
+        BACKLOG_GAP_S (a backlog), at most BATCH_LIMIT messages, and handled as one batch.
         """
         if timeout == 0:
             await asyncio.sleep(0)  # something is due now; still let the MQTT task run
@@ -558,9 +564,9 @@ class AgentService:
         while len(batch) < BATCH_LIMIT:
             while not inbox.empty() and len(batch) < BATCH_LIMIT:
                 batch.append(inbox.get_nowait())
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or len(batch) >= BATCH_LIMIT:
+            if len(batch) >= BATCH_LIMIT:
                 break
+            remaining = max(deadline - time.monotonic(), BACKLOG_GAP_S)
             try:
                 batch.append(await asyncio.wait_for(inbox.get(), remaining))
             except TimeoutError:

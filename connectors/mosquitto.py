@@ -72,6 +72,10 @@ class MosquittoOptions:
     acl_file: Path | None = None
     tls: TlsListener | None = None
     persistence_dir: Path | None = None
+    # With persistence: save the in-memory database after this many seconds, or — where
+    # `extra_lines` say ``autosave_on_changes true`` — after this many changes. 1: after
+    # every change, so a broker killed in a test loses nothing it acknowledged.
+    autosave_interval: int = 1
     extra_lines: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -195,7 +199,11 @@ class MosquittoBroker:
         if directory is None:
             return ["persistence false"]
         directory.mkdir(parents=True, exist_ok=True)
-        return ["persistence true", f"persistence_location {directory}/", "autosave_interval 1"]
+        return [
+            "persistence true",
+            f"persistence_location {directory}/",
+            f"autosave_interval {self.options.autosave_interval}",
+        ]
 
     def _tls_lines(self) -> list[str]:
         tls = self.options.tls

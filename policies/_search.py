@@ -53,6 +53,7 @@ from pydantic import Field
 
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
+from core.threads import this_thread_only
 from policies._optimize import Deadline, maximize, maximize_joint, seed_from
 from policies._supports import Region, admissible_candidates, admissible_regions
 from policies.base import (
@@ -367,17 +368,15 @@ class SearchPolicy(Policy):
         """
         seeds = [seed_from(rng) for _ in regions]
         timeout = deadline.remaining() * threads / len(regions)
-        intra = torch.get_num_threads()
 
         def solve(region: Region, seed: int) -> Solution:
-            torch.set_num_threads(1)  # the threads are the parallelism; no pool under them
-            return problem.solve(region, scorer, deadline, timeout, seed)
+            # the threads are the parallelism: no pool under them — in these threads only
+            # (`torch.set_num_threads` would hand 1 to any thread that starts meanwhile)
+            with this_thread_only(1):
+                return problem.solve(region, scorer, deadline, timeout, seed)
 
-        try:
-            with ThreadPoolExecutor(threads, thread_name_prefix="region") as pool:
-                solutions = list(pool.map(solve, regions, seeds))
-        finally:
-            torch.set_num_threads(intra)
+        with ThreadPoolExecutor(threads, thread_name_prefix="region") as pool:
+            solutions = list(pool.map(solve, regions, seeds))
         best: tuple[Region, Solution] | None = None
         for region, solution in zip(regions, solutions, strict=True):
             self.remember(region, solution.memory)

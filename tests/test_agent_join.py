@@ -158,6 +158,46 @@ def test_round_closes_when_complete_and_on_timeout():
     assert exp.model.gp.num_observations.tolist() == [2, 2, 1]
 
 
+def test_a_batch_is_stored_by_one_insert_and_a_repeated_seq_falls_back_reading_by_reading(
+    monkeypatch,
+):
+    """The ingest path's store cost does not grow with the batch: its new readings go in one
+    `add_readings`. A device repeating a stored sequence number for another round (a
+    duplicate only the store sees) undoes that insert, and the batch is stored reading by
+    reading: the repeat is a duplicate, every other reading is stored and taught."""
+    exp, store, _, truth = world(5, seed=4)
+    for r in range(5):
+        exp.on_ack(ack(exp, r))
+    calls = {"add_readings": 0, "add_reading": 0}
+    for name in calls:
+        method = getattr(store, name)
+
+        def spy(*args, _method=method, _name=name, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, spy)
+    seqs = {key: i for i, key in enumerate(sorted(truth))}
+    verdicts = exp.on_readings(
+        [reading(exp, r, n, truth[(r, n)], seqs[(r, n)]) for r in range(3) for n in "ABC"]
+    )
+    assert [v.outcome for v in verdicts] == ["accepted"] * 9
+    assert calls == {"add_readings": 1, "add_reading": 0}
+    assert [exp.rounds[r].status for r in range(3)] == [RoundStatus.CLOSED] * 3
+
+    repeat = reading(exp, 3, "A", truth[(3, "A")], seqs[(0, "A")])  # round 0's A's seq
+    batch = [repeat] + [
+        reading(exp, r, n, truth[(r, n)], seqs[(r, n)]) for r in (3, 4) for n in "BC"
+    ]
+    batch.append(reading(exp, 3, "A", truth[(3, "A")], 999))  # the same value, a new seq
+    verdicts = exp.on_readings(batch)
+    assert [v.outcome for v in verdicts] == ["duplicate"] + ["accepted"] * 5
+    assert calls == {"add_readings": 2, "add_reading": 6}
+    assert len(store.readings(exp.name)) == 9 + 5
+    assert exp.rounds[3].status is RoundStatus.CLOSED
+    assert exp.model.gp.num_observations.tolist() == [4, 4, 5]  # round 4 has no A: B waits
+
+
 @pytest.mark.parametrize(
     ("message", "reason"),
     [

@@ -156,3 +156,36 @@ async def test_a_cancelled_fit_ends_with_its_process_and_close_ends_the_worker()
     assert second is not None and second != first
     worker.close()
     assert worker.pid is None and not _alive(second)
+
+
+def test_the_fit_process_is_at_its_lower_priority_before_it_imports_torch():
+    """The child's imports (torch, BoTorch: seconds of a core) run at FIT_NICENESS, not at the
+    agent's priority beside a service draining its backlog: the spawn target's module imports
+    nothing heavy, and lowers the priority before it imports the fits."""
+    from agent import fit_process
+
+    probe = (
+        "import sys, agent.fit_process; "
+        "print(sorted(m for m in ('torch', 'botorch', 'agent.refits') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+    worker = FitWorker()
+    try:
+        worker.warm()
+        pid = worker.pid
+        assert pid is not None
+        deadline = time.monotonic() + 5.0
+        niceness = None
+        while time.monotonic() < deadline:  # within moments of the spawn, mid-import
+            niceness = os.getpriority(os.PRIO_PROCESS, pid)
+            if niceness != os.getpriority(os.PRIO_PROCESS, 0):
+                break
+            time.sleep(0.01)
+        assert niceness == os.getpriority(os.PRIO_PROCESS, 0) + fit_process.FIT_NICENESS or (
+            niceness == 19
+        )
+    finally:
+        worker.close()

@@ -62,6 +62,26 @@ def test_the_shipped_broker_configuration_is_read_for_its_behaviour(tmp_path):
     assert SHIPPED_CONF.is_file()  # the benchmarks read the repository's own file
 
 
+@pytest.mark.parametrize(("line", "interval"), [("autosave_interval 100\n", 100), ("", 1800)])
+def test_the_benchmark_broker_saves_as_often_as_the_shipped_file_says(tmp_path, line, interval):
+    """autosave_interval reaches the broker's configuration (the harness's own 1 does not
+    replace it); Mosquitto's default 1800 where the file does not set it."""
+    from bench.harness.shipped_broker import shipped_broker
+    from connectors.mosquitto import MosquittoBroker
+
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"persistence true\nautosave_on_changes true\n{line}listener 1883\n")
+    shipped = shipped_broker(conf)
+    assert shipped.autosave_interval == interval
+    assert f"autosave_interval {interval}" in shipped.describe()
+    try:
+        broker = MosquittoBroker(tmp_path / "m", shipped.options(tmp_path))
+    except FileNotFoundError:
+        pytest.skip("mosquitto is not installed")
+    written = [raw for raw in broker._render_config().splitlines() if raw.startswith("autosave")]
+    assert sorted(written) == [f"autosave_interval {interval}", "autosave_on_changes true"]
+
+
 def test_more_readings_than_the_shipped_queue_holds_is_refused(tmp_path, monkeypatch):
     import asyncio
 

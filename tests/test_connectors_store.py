@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import csv
 import importlib.util
 import math
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from connectors.store import (
     ROUND_TRANSITIONS,
     BudgetExceeded,
     IllegalTransition,
+    NewReading,
     PostgresLocation,
     RoundStatus,
     SqliteLocation,
@@ -260,6 +263,99 @@ def test_duplicate_readings_are_rejected_and_write_nothing(store: Store) -> None
     assert len(store.readings(EXP)) == 4 and len(store.readings("e2")) == 1
 
 
+class _CountingConnection:
+    """A connection that counts the statements the table modules run through it."""
+
+    def __init__(self, conn: object, counts: Counter[str]) -> None:
+        self._conn, self._counts = conn, counts
+
+    def execute(self, *args: object) -> object:
+        self._counts["execute"] += 1
+        return self._conn.execute(*args)  # type: ignore[attr-defined]
+
+    def executemany(self, *args: object) -> object:
+        self._counts["executemany"] += 1
+        return self._conn.executemany(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+def count_statements(store: Store, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Statements (execute, executemany) the store's writes run from now on, either backend."""
+    counts: Counter[str] = Counter()
+    db = store._db
+    writing = db.writing
+
+    @contextlib.contextmanager
+    def counted(what: str) -> Iterator[object]:
+        with writing(what) as conn:
+            yield _CountingConnection(conn, counts)
+
+    monkeypatch.setattr(db, "writing", counted)
+    return counts
+
+
+def batch_of(rounds: range, nodes: str = "XY", seq0: int = 0) -> list[NewReading]:
+    return [
+        NewReading(r, node, r + k / 4, seq0 + len(nodes) * r + k, "dev", 100.0 + r, 99.0 + r)
+        for r in rounds
+        for k, node in enumerate(nodes)
+    ]
+
+
+def test_a_batch_of_readings_costs_the_same_statements_at_any_size(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ingest path's store cost: one check of the batch's rounds and one INSERT for all of
+    its readings, however many (add_reading pays statements per reading)."""
+    add_rounds(store, 300)
+    counts = count_statements(store, monkeypatch)
+    assert store.add_readings(EXP, batch_of(range(0, 1)))
+    small = dict(counts)
+    counts.clear()
+    assert store.add_readings(EXP, batch_of(range(1, 300)))  # 598 readings, 299 rounds
+    assert dict(counts) == small and counts["executemany"] == 1 and counts["execute"] <= 2
+    store.add_round(EXP, 300, "a300", {}, [], 1.0, "hard", 1.0)
+    counts.clear()
+    for row in batch_of(range(300, 301), seq0=10_000):
+        store.add_reading(EXP, row.round, row.node, row.value, row.seq, row.device_id, 1.0)
+    assert sum(counts.values()) >= 2 * 2  # a round check and an insert per reading
+    rows = store.readings(EXP)
+    expected = [
+        (b.round, b.node, b.value, b.seq, b.received_at, b.measured_at)
+        for b in batch_of(range(300))
+    ]
+    assert [
+        (r.round, r.node, r.value, r.seq, r.received_at, r.measured_at) for r in rows[:600]
+    ] == expected
+    assert [r.id for r in rows] == sorted(r.id for r in rows)  # arrival order, as sent
+
+
+def test_a_batch_holding_a_stored_reading_writes_nothing_and_says_so(store: Store) -> None:
+    add_rounds(store, 3)
+    assert store.add_reading(EXP, 0, "Y", 1.0, 7, "s1", 1.0)
+    repeat = [NewReading(1, "Y", 2.0, 8, "s1", 2.0), NewReading(2, "Y", 3.0, 7, "s1", 2.0)]
+    with store.transaction():
+        store.set_round_status(EXP, 2, "published", 1.0)  # kept: only the batch is undone
+        assert not store.add_readings(EXP, repeat)  # seq 7 of s1's Y is stored
+    twice = [NewReading(1, "Y", 2.0, 9, "s1", 2.0)] * 2
+    assert not store.add_readings(EXP, twice)  # two readings of the batch share a key
+    assert [r.seq for r in store.readings(EXP)] == [7]
+    assert store.get_round(EXP, 2).status == "published"
+    with pytest.raises(StoreError, match=f"unknown round 9 of experiment '{EXP}'"):
+        store.add_readings(EXP, [NewReading(1, "Y", 2.0, 10, "s1", 2.0), *batch_of(range(9, 10))])
+    with pytest.raises(StoreError, match="value must be finite"):
+        store.add_readings(
+            EXP,
+            [NewReading(1, "Y", 2.0, 11, "s1", 2.0), NewReading(1, "X", math.nan, 12, "s1", 2.0)],
+        )
+    assert [r.seq for r in store.readings(EXP)] == [7] and store.add_readings(EXP, [])
+    arrays = [NewReading(1, "Y", 0.5, 13, "s1", 2.0, array=np.array([0.25, 0.75]))]
+    assert store.add_readings(EXP, arrays)
+    assert store.readings(EXP)[-1].array().tolist() == [0.25, 0.75]
+
+
 def test_round_and_oracle_retries_are_idempotent_and_conflicts_raise(store: Store) -> None:
     assert store.add_round(EXP, 0, "a0", {}, [], 0.0, "hard", 1.0)
     assert not store.add_round(EXP, 0, "a0", {}, [], 0.0, "hard", 9.0)
@@ -447,6 +543,22 @@ for i in range(1_000_000):
 """
 
 
+# A batch per transaction, as the agent's ingest writes them: a round and its 8 readings in one
+# INSERT (`add_readings`), then printed once committed.
+BATCH_WRITES = """
+import sys
+from connectors.store import NewReading, Store
+store = Store(sys.argv[1])
+store.upsert_experiment("toy-chain", {})
+for i in range(1_000_000):
+    with store.transaction():
+        store.add_round("toy-chain", i, f"a{i}", {"X": 0.5}, ["X"], 1.0, "hard", float(i))
+        batch = [NewReading(i, n, i + k / 8, i, "dev", float(i)) for k, n in enumerate("ABCDEFGH")]
+        assert store.add_readings("toy-chain", batch)
+    print("@ b", i, flush=True)
+"""
+
+
 # Two processes reserve rounds of the same experiments at once, each its own half of the
 # rounds, in the same order: every experiment's budget runs out while both are reserving.
 RESERVE_RACE = """
@@ -528,6 +640,31 @@ def test_sigkill_mid_stream_keeps_every_write_that_returned(
     assert all(solo[i] == -i - 0.5 for i in solo)
     # At most the write in flight at the kill is there without having been printed.
     assert len(rounds.keys() - committed["t"]) <= 1 and len(solo.keys() - committed["s"]) <= 1
+
+
+@pytest.mark.parametrize("delay_ms", [0, 7])
+def test_sigkill_keeps_every_batch_of_readings_that_returned_whole(
+    db: str, tmp_path: Path, delay_ms: int
+) -> None:
+    """What the agent acknowledges to the broker after `add_readings` and the commit is there
+    after a kill -9, every reading of it; a batch in flight is there whole or not at all."""
+    child = StoreChild(BATCH_WRITES, db, tmp_path / "child.err")
+    printed: list[str] = []
+    try:
+        while len(printed) < 60:
+            printed.append(child.next_line())
+        time.sleep(delay_ms / 1000)
+    finally:
+        printed += child.kill9()
+    committed = {int(i) for _, i in map(str.split, printed)}
+    with Store(db) as store:
+        per_round: dict[int, list[float]] = {}
+        for row in store.readings(EXP):
+            per_round.setdefault(row.round, []).append(row.value)
+        rounds = {r.round for r in store.rounds(EXP)}
+    assert committed <= per_round.keys() and per_round.keys() == rounds
+    assert all(values == [r + k / 8 for k in range(8)] for r, values in per_round.items())
+    assert len(per_round.keys() - committed) <= 1
 
 
 # ---- transactions and threads ---------------------------------------------------------------

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.blas
+import core.gp.model
 from agent.experiment import RoundStatus
 from core.gp import GPConfig, IncrementalGP, LearnReport
 from core.network import NetworkModel
@@ -135,6 +136,35 @@ def test_block_matches_exact_gp(data):
         for i in range(x.shape[1]):
             shadow.observe(x[:, i], y[:, i], mask[:, i])
     assert_matches(model, shadow, torch.stack([draw_point(gen, shadow) for _ in range(4)], 1))
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 64])
+def test_a_block_longer_than_block_rows_is_split_and_still_equals_appends(monkeypatch, block_rows):
+    """A backlog's block (k = 10 here) is appended BLOCK_ROWS rows at a time, members learning
+    different rows in each part; the model equals the row-by-row appends all the same."""
+    monkeypatch.setattr(core.gp.model, "BLOCK_ROWS", block_rows)
+    model = IncrementalGP(
+        torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64).expand(3, 2, 2),
+        GPConfig(
+            noise_variance=[0.01, None, 0.1], refit_every=None, misfit_z=None, drift_tolerance=1e9
+        ),
+    )
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(5):
+        x, y = torch.rand(3, 2, generator=gen, dtype=torch.float64), torch.randn(3, generator=gen)
+        model.learn_one(x, y.double())
+    twin = copy.deepcopy(model)
+    x = torch.rand(3, 10, 2, generator=gen, dtype=torch.float64)
+    y = torch.randn(3, 10, generator=gen).double()
+    mask = torch.rand(3, 10, generator=gen) < 0.6
+    mask[2] = False
+    mask[2, 9] = True  # a member whose one row is in the last part
+    ours = model.learn_block(x, y, mask, refit=False)
+    single = [twin.learn_one(x[:, i], y[:, i], mask[:, i], refit=False).surprise for i in range(10)]
+    assert model._buffers.rows == twin._buffers.rows == [5 + int(m.sum()) for m in mask]
+    expected = torch.stack(single).nan_to_num(-math.inf).max(0).values
+    torch.testing.assert_close(ours.surprise, expected, rtol=1e-10, atol=1e-12)
+    assert_same_posterior(model, twin, torch.rand(3, 4, 2, generator=gen, dtype=torch.float64))
 
 
 def test_block_surprise_is_each_members_largest():

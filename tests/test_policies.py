@@ -578,3 +578,37 @@ def test_network_eta_regions_in_threads_propose_what_one_by_one_does():
     for name, value in one.intervention.items():
         assert value == pytest.approx(two.intervention[name], abs=1e-3)
     assert one.acquisition_value == pytest.approx(two.acquisition_value, rel=1e-3, abs=1e-6)
+
+
+def test_region_threads_keep_their_one_torch_thread_to_themselves(monkeypatch):
+    """Each region thread runs torch on one thread, and only it: a thread that starts using
+    torch during the search (the next proposal's worker, a refit's factorization) gets the
+    process's count, not the region threads' 1 (`core.threads.this_thread_only`)."""
+    import threading
+
+    from policies.mcbo import _MCBOProblem
+
+    target_sets = [[], ["a0"], ["a1"], ["a0", "a1"]]
+    spec = chain_spec(intervention="hard", nodes=5, noise=0.2, target_sets=target_sets)
+    model = trained_model(spec, 10)
+    solve, seen = _MCBOProblem.solve, []
+
+    def probe(self, *args, **kwargs):
+        meanwhile: list[int] = []
+        thread = threading.Thread(target=lambda: meanwhile.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        seen.append((torch.get_num_threads(), meanwhile[0]))
+        return solve(self, *args, **kwargs)
+
+    monkeypatch.setattr(_MCBOProblem, "solve", probe)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        policy = make_policy(
+            "mcbo", spec, {**FAST["mcbo"], "region_threads": 2, "max_seconds": 600.0}
+        )
+        policy.propose(model, Constraints.from_spec(spec, 0.0), torch.Generator().manual_seed(3))
+    finally:
+        torch.set_num_threads(before)
+    assert seen and all(pair == (1, 2) for pair in seen), seen

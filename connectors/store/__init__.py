@@ -102,6 +102,7 @@ from connectors.store.location import (
     StoreLocation,
     parse_store_location,
 )
+from connectors.store.readings import NewReading
 from connectors.store.rounds import (
     ACTION_KINDS,
     OPEN_STATUSES,
@@ -159,6 +160,7 @@ __all__ = [
     "LedgerRow",
     "LedgerState",
     "LedgerTotals",
+    "NewReading",
     "NotRunning",
     "OracleRow",
     "PostgresLocation",
@@ -583,35 +585,47 @@ class Store:
             StoreError: unknown round (readings name a round the store knows), non-finite value,
                 an array that is not float32/float64 or holds a non-finite element.
         """
-        round = integer("round", round)
-        text("node", node)
-        value = number("value", value)
-        seq = integer("seq", seq)
-        text("device_id", device_id)
-        received_at = timestamp("received_at", received_at)
-        measured = None if measured_at is None else timestamp("measured_at", measured_at)
-        spread = None if variance is None else number("variance", variance, nonneg=True)
-        count = None if replications is None else integer("replications", replications)
-        if count is not None and count < 1:
-            raise StoreError(f"replications must be at least 1, got {count}")
-        packed = None if array is None else array_columns(array)
-        with self._writing(
-            f"add_reading({experiment!r}, round {round}, {node!r})", experiment
-        ) as conn:
-            return reading_table.add(
-                conn,
-                experiment,
+        row = _checked_reading(
+            NewReading(
                 round,
                 node,
                 value,
                 seq,
                 device_id,
                 received_at,
-                measured,
-                spread,
-                count,
-                packed,
+                measured_at,
+                variance,
+                replications,
+                array,
             )
+        )
+        with self._writing(
+            f"add_reading({experiment!r}, round {row.round}, {row.node!r})", experiment
+        ) as conn:
+            return reading_table.add(conn, experiment, *row.arguments())
+
+    def add_readings(self, experiment: str, readings: Sequence[NewReading]) -> bool:
+        """Store a batch of readings with one statement, all or none: True if every one was new
+        and is stored; False, nothing written, if any of them is already stored or two of them
+        share a key — then `add_reading` each, in order, to learn which are new (a batch of new
+        readings, the common case, costs one INSERT for all of them and one check of their
+        rounds, where `add_reading` costs four statements each).
+
+        Raises:
+            StoreError: as `add_reading`, for any of them (all are checked before any write).
+        """
+        rows = [_checked_reading(reading) for reading in readings]
+        if not rows:
+            return True
+        what = f"add_readings({experiment!r}, {len(rows)} readings)"
+        try:
+            # its own transaction, a savepoint if nested (PostgreSQL's nested writes have none)
+            with self.transaction(), self._writing(what, experiment) as conn:
+                if reading_table.add_many(conn, experiment, rows) != len(rows):
+                    raise _NotAllNew  # undoes the batch's writes only
+        except _NotAllNew:
+            return False
+        return True
 
     def readings(
         self, experiment: str, after_id: int = 0, limit: int | None = None
@@ -873,6 +887,31 @@ class FencedStore(Store):
 
     def __repr__(self) -> str:
         return f"FencedStore({str(self.path)!r}, {self.experiment!r}, epoch {self.epoch})"
+
+
+class _NotAllNew(Exception):
+    """`add_readings`: a reading of the batch was stored already; the batch is rolled back."""
+
+
+def _checked_reading(reading: NewReading) -> NewReading:
+    """The reading as the store keeps it (its array packed: dtype, shape, bytes), or
+    StoreError naming the bad field."""
+    round = integer("round", reading.round)
+    node = text("node", reading.node)
+    value = number("value", reading.value)
+    seq = integer("seq", reading.seq)
+    device_id = text("device_id", reading.device_id)
+    received_at = timestamp("received_at", reading.received_at)
+    measured, variance, count = reading.measured_at, reading.variance, reading.replications
+    measured = None if measured is None else timestamp("measured_at", measured)
+    variance = None if variance is None else number("variance", variance, nonneg=True)
+    count = None if count is None else integer("replications", count)
+    if count is not None and count < 1:
+        raise StoreError(f"replications must be at least 1, got {count}")
+    packed = None if reading.array is None else array_columns(reading.array)
+    return NewReading(
+        round, node, value, seq, device_id, received_at, measured, variance, count, packed
+    )
 
 
 def _ttl(ttl_s: float) -> float:

@@ -110,8 +110,10 @@ class PostgresConnection:
         return cursor
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> _Cursor:
+        """`rowcount`: the rows every execution changed, together (no `lastrowid`: no
+        ``RETURNING id`` either)."""
         cursor = cast(_Cursor, self.raw.cursor())
-        cursor.executemany(_translate(sql)[0], parameters)
+        cursor.executemany(sql.replace("?", "%s"), parameters)
         return cursor
 
 

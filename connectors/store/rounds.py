@@ -7,7 +7,7 @@ counts its publications in `attempt`, and ends closed, rejected or expired.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Final
 
@@ -29,6 +29,7 @@ __all__ = [
     "counts",
     "get",
     "require",
+    "require_all",
     "select",
     "set_applied",
     "set_expires_at",
@@ -65,6 +66,7 @@ ROUND_TRANSITIONS: Final[Mapping[RoundStatus, frozenset[RoundStatus]]] = {
     RoundStatus.EXPIRED: frozenset(),
 }
 ACTION_KINDS: Final = ("hard", "soft")
+_REQUIRE_CHUNK: Final = 500
 
 
 def add(
@@ -241,6 +243,26 @@ def status_of(conn: Connection, experiment: str, round: int) -> RoundStatus:
     if row is None:
         raise StoreError(f"unknown round {round} of experiment {experiment!r}")
     return RoundStatus(row[0])
+
+
+def require_all(conn: Connection, experiment: str, numbers: Iterable[int]) -> None:
+    """StoreError, naming the first, if any of the rounds is unknown: one SELECT per
+    _REQUIRE_CHUNK rounds (SQLite's older builds take at most 999 parameters)."""
+    wanted = sorted(set(numbers))
+    found: set[int] = set()
+    for start in range(0, len(wanted), _REQUIRE_CHUNK):
+        part = wanted[start : start + _REQUIRE_CHUNK]
+        marks = ", ".join("?" * len(part))
+        found.update(
+            int(row[0])
+            for row in conn.execute(
+                f"SELECT round FROM rounds WHERE experiment = ? AND round IN ({marks})",
+                (experiment, *part),
+            )
+        )
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise StoreError(f"unknown round {missing[0]} of experiment {experiment!r}")
 
 
 def require(conn: Connection, experiment: str, round: int) -> str:

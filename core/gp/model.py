@@ -64,6 +64,9 @@ from core.gp.refit import RefitJob, RefitResult, effective_noise, fit_member
 from core.gp.standardize import drifted, recount, restandardize
 from core.gp.window import apply_window, forget_oldest
 
+# The most rows `learn_block` appends as one block (see `_append_blocks`).
+BLOCK_ROWS = 64
+
 __all__ = ["IncrementalGP"]
 
 log = structlog.get_logger("core.gp.model")
@@ -290,7 +293,8 @@ class IncrementalGP:
         *,
         refit: bool = True,
     ) -> LearnReport:
-        """Learn up to k observations per member, reading each member's factor once.
+        """Learn up to k observations per member, reading each member's factor once per
+        BLOCK_ROWS rows.
 
         The result is the model that k calls `learn_one(x[:, i], y[:, i], mask[:, i],
         refit=False)`, i = 0..k-1, followed by one pass of the window/drift/refit schedule
@@ -324,7 +328,7 @@ class IncrementalGP:
         with self._pending_detached():
             ensure_capacity(buffers, max(buffers.rows) + x.shape[1] + len(self._pending))
             with one_thread():
-                surprises = self._append_block(self._scale(x), y.tolist(), chosen)
+                surprises = self._append_blocks(self._scale(x), y.tolist(), chosen)
             for j, values in enumerate(surprises):
                 self._count_learned(j, values)
             report = self._after_new_data(refit)
@@ -356,6 +360,28 @@ class IncrementalGP:
             add_jitter(self.jitter, self.outputscale, breakdown)
             self._rebuild(breakdown)
         return surprise
+
+    def _append_blocks(
+        self, z: torch.Tensor, y: list[list[float]], chosen: list[list[int]]
+    ) -> list[list[float]]:
+        """`_append_block` over at most BLOCK_ROWS of the k rows at a time, in order.
+
+        A block's own k×k part is written through Python lists (O(k²) values per member),
+        while its solve against the stored factor costs O(k·n²) whatever the split: beyond a
+        few dozen rows, longer blocks only add the O(k²) part (measured: a backlog of 250 rounds
+        in one block spent more in those lists than in the solve).
+        """
+        k = z.shape[1]
+        if k <= BLOCK_ROWS:
+            return self._append_block(z, y, chosen)
+        surprises: list[list[float]] = [[] for _ in chosen]
+        for start in range(0, k, BLOCK_ROWS):
+            stop = start + BLOCK_ROWS
+            part = [[i - start for i in rows if start <= i < stop] for rows in chosen]
+            values = self._append_block(z[:, start:stop], [row[start:stop] for row in y], part)
+            for j, each in enumerate(values):
+                surprises[j] += each
+        return surprises
 
     def _append_block(
         self, z: torch.Tensor, y: list[list[float]], chosen: list[list[int]]
