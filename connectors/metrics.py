@@ -206,8 +206,13 @@ class AgentMetrics:
         self._budget_remaining.labels(experiment).set(remaining)
 
     def set_observations(self, experiment: str, node: str, count: int) -> None:
-        """Number of observations in one node's model."""
+        """Number of observations in one node's model; its change-alarm count starts at 0.
+
+        A counter that first appears at 1 is invisible to `increase()`, and a node whose
+        detector is off (or has not fired) still shows on the dashboard, with no alarms.
+        """
         self._observations.labels(experiment, node).set(count)
+        self._model_changes.labels(experiment, node)
 
     def observe_fit(self, experiment: str, node: str, surprised: bool) -> None:
         """One update of a node's model: whether its reading was a misfit (`cbo_model_drift`)."""

@@ -86,6 +86,13 @@ def test_scrape_shows_every_series_with_its_labels(
     metrics.device_overspend("exp1", "applied_after_expiry")
 
     families = scrape(server)
+    # a node with observations shows its change alarms from 0 (review: the dashboard's panel
+    # had no data until a first alarm), and each alarm counts
+    changes = families["cbo_model_changes"]
+    assert value(changes, "cbo_model_changes_total", experiment="exp1", node="X2") == 0
+    metrics.observe_change("exp1", "X2")
+    changes = scrape(server)["cbo_model_changes"]
+    assert value(changes, "cbo_model_changes_total", experiment="exp1", node="X2") == 1
     refused = families["cbo_proposals_rejected"]
     labels = {"experiment": "exp1", "reason": "max_interventions"}
     assert value(refused, "cbo_proposals_rejected_total", **labels) == 1
