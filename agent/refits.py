@@ -36,6 +36,7 @@ import torch
 from agent import fit_process, join
 from core.gp.field import FieldRefitJob
 from core.gp.refit import RefitFit, RefitJob, RefitResult, factorize_job, fit_job, run_refit
+from core.threads import this_thread_only
 
 if TYPE_CHECKING:
     from agent.experiment import Experiment
@@ -48,15 +49,13 @@ log = structlog.get_logger(__name__)
 def run_jobs(jobs: dict[str, Any]) -> dict[str, Any]:
     """Run each job (in the calling thread, with one torch thread: the other core is the
     event loop's): node GP refits (`run_refit`) and array nodes' field refits (`job.run`)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    # this_thread_only: torch.set_num_threads would also hand one thread, for good, to every
+    # thread that starts using torch during the refit (a policy's worker, MCBO's region threads)
+    with this_thread_only(1):
         return {
             key: job.run() if isinstance(job, FieldRefitJob) else run_refit(job)
             for key, job in jobs.items()
         }
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _watch_parent(parent: int) -> None:
@@ -107,21 +106,13 @@ def fit_jobs(jobs: dict[str, RefitJob]) -> dict[str, RefitFit]:
 
 def factorize_jobs(jobs: dict[str, RefitJob], fits: dict[str, RefitFit]) -> dict[str, RefitResult]:
     """The factorizations of every job under its fit (in a worker thread, one torch thread)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with this_thread_only(1):  # as in run_jobs: not the process's count
         return {key: factorize_job(job, fits[key]) for key, job in jobs.items()}
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _fit_in_thread(jobs: dict[str, RefitJob]) -> dict[str, RefitFit]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with this_thread_only(1):  # as in run_jobs: not the process's count
         return fit_jobs(jobs)
-    finally:
-        torch.set_num_threads(threads)
 
 
 class FitWorker:

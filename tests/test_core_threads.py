@@ -82,3 +82,27 @@ def test_the_callers_count_is_restored_when_the_body_raises(two_threads) -> None
         assert torch.get_num_threads() == 1
         raise RuntimeError("boom")
     assert torch.get_num_threads() == 2 and process_threads() == 2
+
+
+@pytest.mark.parametrize("runner", ["run_jobs", "factorize_jobs", "_fit_in_thread"])
+def test_the_refits_worker_thread_keeps_its_one_thread_to_itself(
+    two_threads, monkeypatch, runner
+) -> None:
+    """A refit in a worker thread runs on one torch thread; a thread that starts using torch
+    meanwhile (a policy's worker) still gets the process's two."""
+    import agent.refits as refits
+
+    seen: dict[str, int] = {}
+
+    def observe(*_: object) -> dict[str, object]:
+        seen["worker"] = torch.get_num_threads()
+        seen["meanwhile"] = started_meanwhile()
+        return {}
+
+    inner = {"run_jobs": "run_refit", "factorize_jobs": "factorize_job"}.get(runner, "fit_jobs")
+    monkeypatch.setattr(refits, inner, observe)
+    call = getattr(refits, runner)
+    jobs = {"X": object()} if runner != "_fit_in_thread" else {}
+    in_worker(lambda: call(jobs, {"X": None}) if runner == "factorize_jobs" else call(jobs))
+    assert seen == {"worker": 1, "meanwhile": 2}
+    assert torch.get_num_threads() == 2 and process_threads() == 2

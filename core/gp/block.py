@@ -26,6 +26,7 @@ from core.gp.append import MemberScalars
 from core.gp.buffers import GPBuffers, row_mask, selector
 from core.gp.moments import RunningMoments
 from core.kernels import KernelName, kernel_row
+from core.threads import this_thread_only
 
 __all__ = ["append_block", "one_thread"]
 
@@ -41,15 +42,13 @@ def one_thread() -> Iterator[None]:
     append never paid this: its tensors stay below torch's parallel grain and a solve with one
     right-hand side is not threaded.
     """
-    threads = torch.get_num_threads()
-    if threads == 1:
+    if torch.get_num_threads() == 1:
         yield
         return
-    torch.set_num_threads(1)
-    try:
+    # The calling thread's count only (core.threads): torch.set_num_threads would also give one
+    # thread, for good, to a thread that starts using torch during the append (a policy's worker).
+    with this_thread_only(1):
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @dataclass
