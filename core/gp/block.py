@@ -26,7 +26,6 @@ from core.gp.append import MemberScalars
 from core.gp.buffers import GPBuffers, row_mask, selector
 from core.gp.moments import RunningMoments
 from core.kernels import KernelName, kernel_row
-from core.threads import this_thread_only
 
 __all__ = ["append_block", "one_thread"]
 
@@ -42,13 +41,18 @@ def one_thread() -> Iterator[None]:
     append never paid this: its tensors stay below torch's parallel grain and a solve with one
     right-hand side is not threaded.
     """
-    if torch.get_num_threads() == 1:
+    threads = torch.get_num_threads()
+    if threads == 1:
         yield
         return
-    # The calling thread's count only (core.threads): torch.set_num_threads would also give one
-    # thread, for good, to a thread that starts using torch during the append (a policy's worker).
-    with this_thread_only(1):
+    # Not core.threads.this_thread_only: its two helper threads cost about 0.5 ms per call, on
+    # the ingest path, per batch; a thread that starts using torch within this append's few
+    # milliseconds would copy the one thread (the refits, seconds long, do use it).
+    torch.set_num_threads(1)
+    try:
         yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
