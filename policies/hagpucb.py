@@ -9,19 +9,19 @@ once every other point is played), so an expired round or a restart loses nothin
 
 Then the summed Hessian estimates are thresholded at c_h (`core.structure.cutoff` when the
 reward node's `noise_std` is known, else the same formula with the noise estimated from the
-estimates themselves: the dependency graph is sparse, so the median |Σ Ĥ_ab| over all pairs is
-a non-edge's, 0.6745 of the noise's standard deviation), at most `max_edges` edges are kept (the
-largest), and the groups are the maximal cliques. Phase 2 is `policies._additive_ucb` on them,
-with every round played so far (phase 1 included) in its GP.
+estimates themselves: the dependency graph is sparse, so the median |Σ Ĥ_ab| over the pairs
+queried is a non-edge's, 0.6745 of the noise's standard deviation), at most `max_edges` edges
+are kept (the largest), and the groups are the maximal cliques. Phase 2 is
+`policies._additive_ucb` on them, with every round played so far (phase 1 included) in its GP.
 
 The zeroth-order Hessian costs D²/2 episodes per base point, so it suits D up to a few tens — at
 D = 50 one stencil is 1,276 rounds. Under a block limit (`constraints.max_interventions` with
-the `parameters` vector: at most k blocks of θ changed from its default per round) every
-stencil is centred at the default θ, each coordinate stepping towards the wider side of its box,
-so the base changes no block, a single step one, a pair at most two; with k = 1 only the pairs
-inside one block are queried (those across blocks would change two) and the entries across
-blocks stay 0: no edge joins two blocks. The T0 base points are then all the default (T0·C1
-plays of one stencil).
+the `parameters` vector: at most k blocks of θ changed from its default per round) every stencil
+is centred at the default θ, each coordinate stepping up, or down where a step up would leave
+its box, so the base changes no block, a single step one, a pair at most two; with k = 1 only
+the pairs inside one block are queried (those across blocks would change two) and the entries
+across blocks stay 0: no edge joins two blocks. The T0 base points are then all the default
+(T0·C1 plays of one stencil).
 
 **The surrogate Hessian (paper 000's own phase 1, its Sec. 4.5).** With `controller` set (the
 name of a differentiable controller the devices run, `policies._controllers`), phase 1 plays no
@@ -84,10 +84,16 @@ _MAD = 0.6745  # median |N(0, 1)|
 
 
 class HAGPUCBSettings(AdditiveUCBSettings):
-    """HA-GP-UCB settings: phase 1's stencils and cut-off, then additive GP-UCB's."""
+    """HA-GP-UCB settings: phase 1's stencils or surrogate and cut-off, then additive GP-UCB's."""
 
-    t0: int = Field(default=1, ge=1, description="T0: base points of phase 1.")
-    c1: int = Field(default=1, ge=1, description="C1: plays of each base point's stencil.")
+    t0: int = Field(
+        default=1, ge=1, description="T0: base points of phase 1 (surrogate: the points θ drawn)."
+    )
+    c1: int = Field(
+        default=1,
+        ge=1,
+        description="C1: plays of each base point's stencil (surrogate: queries per θ).",
+    )
     step: float = Field(
         default=0.3,
         gt=0,
@@ -115,7 +121,8 @@ class HAGPUCBSettings(AdditiveUCBSettings):
     states_file: str | None = Field(
         default=None,
         description="Surrogate Hessian: a .npy array (S, agents, obs) of states the devices "
-        "visited, drawn from for the queries. null: uniform in the controller's state box.",
+        "visited, drawn from for the queries (a path relative to the agent's working "
+        "directory). null: uniform in the controller's state box.",
     )
     tolerance: float = Field(
         default=1e-12,
@@ -126,7 +133,8 @@ class HAGPUCBSettings(AdditiveUCBSettings):
 
 
 class HAGPUCBPolicy(Policy):
-    """Hessian-aware additive GP-UCB with zeroth-order structure learning."""
+    """Hessian-aware additive GP-UCB: the structure from finite differences of the reward, or
+    from the surrogate Hessian of the devices' controller."""
 
     name = "hagpucb"
     Settings = HAGPUCBSettings
