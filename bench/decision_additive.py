@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -77,6 +78,12 @@ def measure(dim: int, observations: int, repeats: int, gpucb_max_dim: int) -> di
         for name, policy in policies.items():
             times[name].append(_timed(lambda p=policy: p.propose(model, Constraints(), rng)))
         times["refit"].append(_timed(ucb.gp.fit))
+        print(  # each repeat as it ends, so that a run cut short still says something
+            f"D={dim} repeat {len(times['refit'])}: "
+            + ", ".join(f"{name} {values[-1]:.3f} s" for name, values in times.items()),
+            file=sys.stderr,
+            flush=True,
+        )
     times["groups"] = [len(groups), max(len(x) for x in groups)]
     return times
 
