@@ -21,7 +21,10 @@ The diagonal of Q is kept in O(m²) per step from the factor L (K + σ²I = LL�
   - append of row [cᵀ, d] to L: b = L⁻ᵀc, Qᵢᵢ += bᵢ²/d², the new Qₙₙ = 1/d²;
   - removal of row i: q = Q eᵢ = L⁻ᵀ(L⁻¹eᵢ), Qⱼⱼ −= qⱼ²/qᵢ;
 and recomputed exactly (O(m³), from L⁻¹) after every rebuild and every `budget` removals, so
-rounding never accumulates over a long stream. The factor loses row i as `core.gp.window`
+rounding never accumulates over a long stream — with deferred refits (the service) that pass
+runs beside the caller: the member goes out in the next `refit_job`, refactorized under the
+values it holds, and `install` brings back the factor and the diagonal computed there and
+replays the edits since the copy (see `_current_qdiag`). The factor loses row i as `core.gp.window`
 forgets the oldest row: with L = [[L_AA, 0, 0], [·, lᵢᵢ, 0], [L_BA, l_B, L_BB]], the factor
 without row and column i is [[L_AA, 0], [L_BA, L_BB·C]], C = chol(I + ppᵀ), p = L_BB⁻¹l_B —
 a rank-one update with C in closed form.
@@ -50,7 +53,11 @@ from core.gp.model import IncrementalGP
 from core.gp.refit import RefitJob, RefitResult
 from core.gp.standardize import recount
 
-__all__ = ["BoundedGP", "make_gp", "remove_row"]
+__all__ = ["STALE_PASSES", "BoundedGP", "make_gp", "remove_row"]
+
+# With deferred refits, the removals (in budgets) after which a member whose exact pass over
+# its diagonal is still due computes it on the caller (no refit job came for it).
+STALE_PASSES = 4
 
 log = structlog.get_logger("core.gp.bounded")
 
@@ -255,10 +262,21 @@ class BoundedGP(IncrementalGP):
         return i if self._remove_at(j, i, qd) else None
 
     def _current_qdiag(self, j: int) -> torch.Tensor:
-        """Member j's diag(Q), kept, or computed exactly when missing or due (O(n³))."""
+        """Member j's diag(Q), kept, or computed exactly when missing (O(n³)). After `budget`
+        removals it is due for an exact pass: here and now, or, with deferred refits, beside
+        the caller (`refit_job` hands the member out to be refactorized under its current
+        values; `install` brings the factor and diagonal computed there, and the removals
+        meanwhile use the kept one). Past STALE_PASSES·budget removals with no job come (a
+        caller that runs none), it is computed here."""
         qd = self._qdiag[j]
-        if qd is None or qd.numel() != self._buffers.real[j] or self._removals[j] >= self.budget:
-            qd = self._fresh_qdiag(j)
+        if qd is None or qd.numel() != self._buffers.real[j]:
+            return self._fresh_qdiag(j)
+        removals = self._removals[j]
+        if removals >= self.budget:
+            if self.config.deferred and removals < STALE_PASSES * self.budget:
+                self._refresh_due[j] = True
+            else:
+                qd = self._fresh_qdiag(j)
         return qd
 
     def _remove_at(self, j: int, i: int, qd: torch.Tensor) -> bool:
@@ -362,6 +380,7 @@ class BoundedGP(IncrementalGP):
                 self._put_factor(result, k, j)
                 self._qdiag[j] = result.qdiag[k].to(self.dtype)
                 self._removals[j] = 0
+                self._refresh_due[j] = False
                 replays[j] = edits
             self._refresh_scalars()
             for j, edits in replays.items():

@@ -131,6 +131,9 @@ class IncrementalGP:
         # change a job's copy cannot follow (new hyperparameters, a rebuild from learn_many) and
         # the rows the window forgot, so that `install` recognises a stale result.
         self._drift_due = [False] * b
+        # and members whose factor is due to be computed again under the values they hold (a
+        # bounded model's exact pass over its diagonal, `core.gp.bounded`)
+        self._refresh_due = [False] * b
         self._epochs = [0] * b
         self._forgotten = [0] * b
         self._change = ChangeDetector(b, self.config.change) if self.config.change else None
@@ -699,9 +702,11 @@ class IncrementalGP:
         """The due refits and drift restandardizations, copied out to run beside the model.
 
         A member is in the job when its refit schedule fired (and it has `min_fit_points`
-        observations: it is fit) or its data drifted from the frozen standardization (it is
-        restandardized and refactorized only). Their schedule is reset now: rows that arrive
-        while the job runs count toward the next refit. None when nothing is due.
+        observations: it is fit), its data drifted from the frozen standardization (it is
+        restandardized and refactorized only) or its factor is due to be computed again under
+        the values it holds (`keep`: refactorized only; a bounded model's exact pass over its
+        diagonal). Their schedule is reset now: rows that arrive while the job runs count
+        toward the next refit. None when nothing is due.
 
         Args:
             members: consider only these (default all).
@@ -709,11 +714,13 @@ class IncrementalGP:
         chosen = range(self.batch) if members is None else [int(j) for j in members]
         real, min_points = self._buffers.real, self.config.min_fit_points
         fit = {j for j in chosen if self._refit_due[j] and real[j] >= min_points}
-        listed = sorted(fit | {j for j in chosen if self._drift_due[j] and real[j] > 0})
+        moved = {j for j in chosen if self._drift_due[j] and real[j] > 0}
+        refresh = {j for j in chosen if self._refresh_due[j] and real[j] > 0} - fit - moved
+        listed = sorted(fit | moved | refresh)
         if not listed:
             return None
         for j in listed:
-            self._drift_due[j] = False
+            self._drift_due[j] = self._refresh_due[j] = False
             if j in fit:
                 self._refit_due[j], self._since_refit[j] = False, 0
         idx = torch.tensor(listed, device=self.device)
@@ -733,6 +740,9 @@ class IncrementalGP:
             priors=self.config.priors,
             epochs=[self._epochs[j] for j in listed],
             forgotten=[self._forgotten[j] for j in listed],
+            keep=[j in refresh for j in listed] if refresh else None,
+            y_mean=self.y_mean[idx].clone() if refresh else None,
+            y_scale=self.y_scale[idx].clone() if refresh else None,
         )
 
     def refresh_job(self, job: RefitJob) -> RefitJob | None:
@@ -745,7 +755,7 @@ class IncrementalGP:
         """
         if any(self._epochs[j] != job.epochs[k] for k, j in enumerate(job.members)):
             for k, j in enumerate(job.members):
-                self._requeue(j, job.fit[k])
+                self._requeue(j, job.fit[k], bool(job.keep and job.keep[k]))
             return None
         real, buffers = self._buffers.real, self._buffers
         return job.with_rows(
@@ -769,10 +779,14 @@ class IncrementalGP:
             default=0,
         )
 
-    def _requeue(self, member: int, fit: bool) -> None:
-        """A stale job's member: its refit (or restandardization) is due again."""
+    def _requeue(self, member: int, fit: bool, keep: bool = False) -> None:
+        """A stale job's member: its refit (or restandardization, or refactorization) is due
+        again."""
         self._refit_due[member] = self._refit_due[member] or fit
-        self._drift_due[member] = self._drift_due[member] or not fit
+        if keep:
+            self._refresh_due[member] = True
+        else:
+            self._drift_due[member] = self._drift_due[member] or not fit
 
     @torch.no_grad()
     def install(self, result: RefitResult) -> LearnReport:
@@ -824,8 +838,9 @@ class IncrementalGP:
     def _take_result(self, result: RefitResult, k: int, j: int) -> bool:
         """Member j (the job's k-th) takes the result's values; False, and due again, when a
         change the copy cannot follow came since (its epoch moved)."""
-        if self._epochs[j] != result.job.epochs[k]:
-            self._requeue(j, result.job.fit[k])
+        job = result.job
+        if self._epochs[j] != job.epochs[k]:
+            self._requeue(j, job.fit[k], bool(job.keep and job.keep[k]))
             return False
         self._take_values(result, k, j)
         return True
