@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from agent.cli import main
-from bench.stream import checkpoints
+from bench.stream import checkpoints, state_path
 
 
 def test_checkpoints_climb_a_ladder_and_include_the_capacity():
@@ -27,6 +28,32 @@ def test_stream_records_checkpoints_and_settles_at_the_budget(tmp_path):
     assert rows[1000]["rows"] == rows[1500]["rows"] == 100 and rows[1500]["switched"]
     assert rows[1500]["update_p99_ms"] >= rows[1500]["update_p50_ms"] > 0
     assert result["flat_after_budget"]["rss_mb"] >= 1.0
+
+
+def test_a_stream_cut_at_a_checkpoint_resumes_to_the_same_model(tmp_path):
+    """A run stopped after a checkpoint and resumed in pieces (the model from its state file,
+    the readings regenerated) ends with the kept rows and rows counts of a run that never
+    stopped; a finished run or a missing one is refused in one line."""
+    whole, cut = tmp_path / "whole.json", tmp_path / "cut.json"
+    args = ["bench", "stream", "--rounds", "600", "--capacity", "200", "--budget", "100",
+            "--nodes", "2", "--dim", "2", "--no-refits"]  # fmt: skip
+    assert main([*args, "--json", str(whole)]) == 0
+    assert main([*args, "--json", str(cut), "--stop-after", "200"]) == 0
+    assert [c["n"] for c in json.loads(cut.read_text())["checkpoints"]] == [200]
+    assert main(["bench", "stream", "--json", str(cut), "--resume", "--stop-after", "400"]) == 0
+    assert main(["bench", "stream", "--json", str(cut), "--resume"]) == 0
+    done, want = json.loads(cut.read_text()), json.loads(whole.read_text())
+    assert done["resumed_at"] == [200, 400]
+    assert [(c["n"], c["rows"]) for c in done["checkpoints"]] == [
+        (c["n"], c["rows"]) for c in want["checkpoints"]
+    ]
+    with np.load(state_path(cut)) as a, np.load(state_path(whole)) as b:
+        assert int(a["n"]) == int(b["n"]) == 600
+        np.testing.assert_allclose(a["kept_z"], b["kept_z"], rtol=0, atol=0)
+        np.testing.assert_allclose(a["kept_y"], b["kept_y"], rtol=0, atol=0)
+        np.testing.assert_allclose(a["kept_seen"], b["kept_seen"], rtol=0, atol=0)
+    assert main(["bench", "stream", "--json", str(cut), "--resume"]) == 2  # finished
+    assert main(["bench", "stream", "--json", str(tmp_path / "none.json"), "--resume"]) == 2
 
 
 def test_drift_compares_models_on_the_same_seeds(tmp_path):
@@ -50,7 +77,8 @@ def test_drift_keeps_sir_within_its_dose_budget(tmp_path):
     rounds, candidates from the box)."""
     path = tmp_path / "sir.json"
     code = main(["bench", "drift", "--env", "sir-seasonal", "--models", "stationary", "change",
-                 "--seeds", "1", "--rounds", "6", "--initial", "3", "--json", str(path)])  # fmt: skip
+                 "--seeds", "1", "--rounds", "6", "--initial", "3",
+                 "--json", str(path)])  # fmt: skip
     assert code == 0
     runs = json.loads(path.read_text())["runs"]
     assert [r["infeasible"] for r in runs] == [0, 0]

@@ -417,9 +417,9 @@ class BoundedGP(IncrementalGP):
         """Per member: whether it has passed its capacity (and keeps a budget since)."""
         return list(self._switched)
 
-    def resume(self, state: dict[str, torch.Tensor]) -> None:
+    def resume(self, state: dict[str, torch.Tensor], *, replay: bool = True) -> None:
         """As `IncrementalGP.resume`; a member that had learned more than its capacity keeps
         its budget from the first reading on."""
-        super().resume(state)
+        super().resume(state, replay=replay)
         self._switched = [seen > self.capacity for seen in self._seen]
         self._logged = list(self._buffers.real)

@@ -970,12 +970,17 @@ class IncrementalGP:
             self._refit_due = [bool(v) for v in state["refit_due"].tolist()]
             self._rebuild(list(range(self.batch)))
 
-    def resume(self, state: dict[str, torch.Tensor]) -> None:
+    def resume(self, state: dict[str, torch.Tensor], *, replay: bool = True) -> None:
         """Start again from `state()` on a model that has learned nothing yet: the rows held,
         hyperparameters, counts and change test; the next `kept_seen[j]` readings of member j
         (a replay of the readings the state was taken after) are skipped, and those after
         them are learned as the model that made the state learned them. A state without rows
-        (an exact model's) is only loaded: its replay from scratch rebuilds the model."""
+        (an exact model's) is only loaded: its replay from scratch rebuilds the model.
+
+        Args:
+            replay: False when the caller will not replay the readings before the state (it
+                continues with the next ones): nothing is skipped.
+        """
         if any(self._buffers.real) or any(self._seen):
             raise ValueError("resume needs a model that has learned nothing")
         state = {_LEGACY_KEPT.get(k, k): v for k, v in state.items()}  # older snapshots
@@ -991,7 +996,7 @@ class IncrementalGP:
             put_data(self._buffers, j, z[j, :n], y[j, :n])
         self._moments = recount(self._buffers)
         self._seen = [int(v) for v in state["kept_seen"].tolist()]
-        self._skip = list(self._seen)
+        self._skip = list(self._seen) if replay else [0] * self.batch
         self.load_state(state)
         if self._change is not None and all(name in state for name in CHANGE_FIELDS):
             self._change.load({name: state[name].tolist() for name in CHANGE_FIELDS})
