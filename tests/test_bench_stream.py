@@ -47,7 +47,10 @@ def test_a_stream_cut_at_a_checkpoint_resumes_to_the_same_model(tmp_path):
     assert [(c["n"], c["rows"]) for c in done["checkpoints"]] == [
         (c["n"], c["rows"]) for c in want["checkpoints"]
     ]
-    with np.load(state_path(cut)) as a, np.load(state_path(whole)) as b:
+    with (
+        np.load(state_path(cut), allow_pickle=False) as a,
+        np.load(state_path(whole), allow_pickle=False) as b,
+    ):
         assert int(a["n"]) == int(b["n"]) == 600
         np.testing.assert_allclose(a["kept_z"], b["kept_z"], rtol=0, atol=0)
         np.testing.assert_allclose(a["kept_y"], b["kept_y"], rtol=0, atol=0)
