@@ -440,9 +440,10 @@ def _add_latency(which: argparse._SubParsersAction) -> None:
     latency.add_argument(
         "--modes",
         nargs="+",
-        choices=["beside", "inline"],
+        choices=["beside", "inline", "unfrozen"],
         default=["beside", "inline"],
-        help="refits beside the loop (the service) and/or inside the batch (before)",
+        help="refits beside the loop (the service) and/or inside the batch (before); "
+        "unfrozen: beside, without the service's gc.freeze (before it)",
     )
     latency.add_argument("--json", type=Path, help="write the results as JSON here")
     latency.set_defaults(handler=_latency)

@@ -12,7 +12,10 @@ The agent's experiment holds R acknowledged rounds (proposed in-process beforeha
 readings are those the environment produces for them, so every one is accepted and teaches.
 Each side runs `repeats` times (5 by default), interleaved and alternating which goes first,
 each run with a fresh session and a fresh copy of the prepared store; the table reports the
-medians and the spread (min–max), and agent/bare per pair of runs.
+medians and the spread (min–max), and agent/bare per pair of runs. Beside the rates, the CPU
+time of the benchmark's process per message during each drain: a rate depends on how much of the
+cores the drain got, its CPU time hardly, so bare/agent CPU per message says what agent/bare
+would be on cores of its own.
 
 Decision latency. For each environment, the service runs K rounds against the simulator device
 over the same broker; the latency of a round is the time from its last reading to the next action
@@ -83,6 +86,12 @@ class IngestResult:
     broker: str
     bare_runs: list[float]
     agent_runs: list[float]
+    # CPU time of the benchmark's process per message while each run drained (ms): the
+    # client's loop for bare; the agent's loop and its store/learn worker thread for agent (not
+    # its fit process, which runs beside at a lower priority). Unlike the rates, this hardly
+    # depends on how many other processes share the cores.
+    bare_cpu_ms: list[float]
+    agent_cpu_ms: list[float]
 
     @property
     def bare_msgs_per_s(self) -> float:
@@ -101,6 +110,11 @@ class IngestResult:
     def ratio(self) -> float:
         return statistics.median(self.ratios)
 
+    @property
+    def cpu_ratio(self) -> float:
+        """bare/agent CPU per message (medians): agent/bare throughput on cores of its own."""
+        return statistics.median(self.bare_cpu_ms) / statistics.median(self.agent_cpu_ms)
+
     def summary(self) -> dict:
         return {
             **asdict(self),
@@ -108,6 +122,7 @@ class IngestResult:
             "agent_msgs_per_s": self.agent_msgs_per_s,
             "ratios": self.ratios,
             "ratio": self.ratio,
+            "cpu_ratio": self.cpu_ratio,
         }
 
 
@@ -207,18 +222,22 @@ def _session_config(port: int, client_id: str) -> BrokerConfig:
     )
 
 
-async def _bare_rate(port: int, payloads: list[bytes], topic: str, client_id: str) -> float:
+async def _bare_rate(
+    port: int, payloads: list[bytes], topic: str, client_id: str
+) -> tuple[float, float]:
+    """Messages per second, and CPU ms per message."""
     config = _session_config(port, client_id)
     async with MqttConnection(config) as connection:
         await connection.subscribe(topic)
     await asyncio.to_thread(_fill, port, payloads, topic)
     async with MqttConnection(config) as connection:
-        started, count = time.perf_counter(), 0
+        started, cpu, count = time.perf_counter(), time.process_time(), 0
         async for _ in connection.messages():
             count += 1
             if count == len(payloads):
                 break
-        return count / (time.perf_counter() - started)
+        cpu_ms = 1e3 * (time.process_time() - cpu) / count
+        return count / (time.perf_counter() - started), cpu_ms
 
 
 async def _agent_rate(
@@ -228,7 +247,8 @@ async def _agent_rate(
     payloads: list[bytes],
     agent_id: str,
     device: str = "cpu",
-) -> float:
+) -> tuple[float, float]:
+    """Messages per second, and CPU ms per message (see `IngestResult.agent_cpu_ms`)."""
     config = AgentConfig(
         agent_id=agent_id,
         device=device,
@@ -244,7 +264,7 @@ async def _agent_rate(
 
     def drained(current: AgentService) -> bool:
         if "start" not in marks and current.link.connected:
-            marks["start"] = time.perf_counter()
+            marks["start"], marks["cpu"] = time.perf_counter(), time.process_time()
         handled = sum(
             current.handled[(spec.name, "reading", outcome)]
             for outcome in ("accepted", "late", "duplicate")
@@ -252,7 +272,8 @@ async def _agent_rate(
         return handled >= len(payloads)
 
     await _run_until(service, drained, poll_s=0.002)
-    return len(payloads) / (time.perf_counter() - marks["start"])
+    wall, cpu = time.perf_counter() - marks["start"], time.process_time() - marks["cpu"]
+    return len(payloads) / wall, 1e3 * cpu / len(payloads)
 
 
 async def _run_until(service: AgentService, done, poll_s: float = 0.01) -> None:
@@ -296,25 +317,36 @@ async def measure_throughput(
     payloads = [encode(reading) for reading in readings]
     bare_runs: list[float] = []
     agent_runs: list[float] = []
+    bare_cpu: list[float] = []
+    agent_cpu: list[float] = []
     for repeat in range(repeats):
 
         async def bare(repeat: int = repeat) -> None:
             topic = TOPICS.reading(spec.name, spec.actuator_id)
-            rate = await _bare_rate(broker.port, payloads, topic, f"bench-bare-{repeat}")
+            rate, cpu_ms = await _bare_rate(broker.port, payloads, topic, f"bench-bare-{repeat}")
             bare_runs.append(rate)
+            bare_cpu.append(cpu_ms)
 
         async def agent(repeat: int = repeat) -> None:
             store_path = workdir / f"ingest-{repeat}.sqlite"
             await asyncio.to_thread(shutil.copyfile, prepared, store_path)
-            rate = await _agent_rate(
+            rate, cpu_ms = await _agent_rate(
                 broker.port, spec, store_path, payloads, f"bench-agent-{repeat}", device
             )
             agent_runs.append(rate)
+            agent_cpu.append(cpu_ms)
 
         for side in (bare, agent) if repeat % 2 == 0 else (agent, bare):
             await side()
     return IngestResult(
-        len(payloads), rounds, len(spec.nodes), shipped.describe(), bare_runs, agent_runs
+        len(payloads),
+        rounds,
+        len(spec.nodes),
+        shipped.describe(),
+        bare_runs,
+        agent_runs,
+        bare_cpu,
+        agent_cpu,
     )
 
 
@@ -490,7 +522,17 @@ def run(
         f"{throughput.rounds} rounds of {throughput.nodes} nodes; {len(throughput.bare_runs)} "
         f"interleaved runs per side, medians; {throughput.broker}; models on "
         f"{where['device']}: {where['device_name']})",
-        ["bare msgs/s", "(min-max)", "agent msgs/s", "(min-max)", "agent/bare", "(min-max)"],
+        [
+            "bare msgs/s",
+            "(min-max)",
+            "agent msgs/s",
+            "(min-max)",
+            "agent/bare",
+            "(min-max)",
+            "CPU ms/msg bare",
+            "CPU ms/msg agent",
+            "CPU bare/agent",
+        ],
         [
             (
                 throughput.bare_msgs_per_s,
@@ -499,6 +541,9 @@ def run(
                 spread(throughput.agent_runs),
                 throughput.ratio,
                 f"{min(throughput.ratios):.2f}-{max(throughput.ratios):.2f}",
+                statistics.median(throughput.bare_cpu_ms),
+                statistics.median(throughput.agent_cpu_ms),
+                throughput.cpu_ratio,
             )
         ],
         console,

@@ -12,13 +12,16 @@ The spec's model settings are the shipped defaults (`refit_every` 5, `misfit_z` 
 the thousands a refit is due after almost every round. The broker runs the shipped
 configuration (`bench.harness.shipped_broker`). Two modes, interleaved over repeats:
   beside   refits run in a worker thread and are swapped in (`agent.refits`; the service's way);
-  inline   refits run inside the batch that makes them due (the service before `agent.refits`).
+  inline   refits run inside the batch that makes them due (the service before `agent.refits`);
+  unfrozen beside, with the garbage collector as Python has it: no `gc.freeze` of what lives
+           at the start (the service before `agent.runtime.freeze_long_lived`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import statistics
 import tempfile
@@ -44,7 +47,8 @@ from core.spec import ExperimentSpec, load_spec
 
 __all__ = ["LearnLatency", "run"]
 
-MODES = ("beside", "inline")
+MODES = ("beside", "inline", "unfrozen")
+STALL_MS = 10.0  # loop stalls reported from this long
 TOPICS = Topics()
 WAIT_S = 300.0
 
@@ -72,6 +76,12 @@ class LearnLatency:
     install_ms: list[float] = field(default_factory=list)  # the loop's time per install
     install_rows: list[int] = field(default_factory=list)  # rows appended/forgotten per install
     install_at_s: list[float] = field(default_factory=list)  # when, from the window's start
+    # the process's garbage collections in the window: (s from the window's start, generation,
+    # ms) — a collection stops every thread of the interpreter, the event loop's included
+    gc_pauses: list[tuple[float, int, float]] = field(default_factory=list)
+    # the event loop's stalls over STALL_MS in the window: (s from the window's start, ms) —
+    # how much later than asked a 1 ms sleep woke (a batch's work on the loop, an install, a GC)
+    loop_stalls: list[tuple[float, float]] = field(default_factory=list)
     latencies_ms: list[float] = field(repr=False, default_factory=list)
     # (published at, from the window's start, s; latency, ms) per reading: the timeline
     timeline: list[tuple[float, float]] = field(repr=False, default_factory=list)
@@ -154,6 +164,25 @@ async def _measure(
 
     # fit processes of earlier repeats still alive now would compete with this one for the cores
     alive = len(multiprocessing.active_children())
+    pauses: list[tuple[float, int, float]] = []
+    collecting: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collecting[:] = [time.perf_counter()]
+        elif collecting:
+            ms = 1000.0 * (time.perf_counter() - collecting[0])
+            pauses.append((time.time(), int(info.get("generation", -1)), ms))
+
+    stalls: list[tuple[float, float]] = []
+
+    async def watch_loop() -> None:
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.001)
+            late_ms = 1000.0 * (time.perf_counter() - asked) - 1.0
+            if late_ms >= STALL_MS:
+                stalls.append((time.time(), late_ms))
 
     config = AgentConfig(
         agent_id=f"bench-latency-{mode}-{repeat}",
@@ -161,8 +190,16 @@ async def _measure(
         metrics=MetricsSection(port=0),
         store=StoreSection(path=str(store_path)),
     )
-    service = AgentService(config, [spec], on_learned=learned, background_refits=mode == "beside")
+    service = AgentService(
+        config,
+        [spec],
+        on_learned=learned,
+        background_refits=mode != "inline",
+        freeze_gc=mode != "unfrozen",
+    )
     task = asyncio.create_task(service.run())
+    watcher = asyncio.create_task(watch_loop())
+    gc.callbacks.append(on_gc)
     try:
         await _until(task, lambda: service.link.connected)
         observations = service.experiments[spec.name].model.gp.num_observations.tolist()
@@ -178,9 +215,11 @@ async def _measure(
         ended = time.time()
         await asyncio.to_thread(publisher.join, 30)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        gc.callbacks.remove(on_gc)
+        for running in (watcher, task):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
     # getattr: the same benchmark runs against the service before these counters existed
     worker = getattr(refits, "worker", None)
     window_start = min(stamps, default=ended)  # the first reading's publication
@@ -206,6 +245,10 @@ async def _measure(
         install_ms=[1000.0 * s for s in getattr(refits, "install_seconds", [])],
         install_rows=list(getattr(refits, "install_rows", [])),
         install_at_s=[at - window_start for at in getattr(refits, "install_at", [])],
+        gc_pauses=[
+            (at - window_start, gen, ms) for at, gen, ms in pauses if window_start <= at <= ended
+        ],
+        loop_stalls=[(at - window_start, ms) for at, ms in stalls if window_start <= at <= ended],
         latencies_ms=latencies,
         timeline=[(at - window_start, ms) for at, ms in zip(stamps, latencies, strict=True)],
     )
@@ -235,7 +278,7 @@ def run(
     measured: int = 100,
     rate: float = 100.0,
     repeats: int = 5,
-    modes: tuple[str, ...] = MODES,
+    modes: tuple[str, ...] = ("beside", "inline"),
     json_path: Path | None = None,
     console: Console | None = None,
 ) -> list[LearnLatency]:
@@ -315,6 +358,8 @@ def run(
             "install ms (max)",
             "late rows (max)",
             "fits ended",
+            "GCs (gen 2) / max ms",
+            f"loop stalls >= {STALL_MS:g} ms / max ms",
         ],
         [
             (
@@ -330,6 +375,9 @@ def run(
                 max(r.install_ms, default=float("nan")),
                 max(r.install_rows, default=0),
                 r.fits_ended,
+                f"{len(r.gc_pauses)} ({sum(1 for p in r.gc_pauses if p[1] == 2)})"
+                f" / {max((p[2] for p in r.gc_pauses), default=0.0):.1f}",
+                f"{len(r.loop_stalls)} / {max((ms for _, ms in r.loop_stalls), default=0.0):.0f}",
             )
             for r in results
         ],

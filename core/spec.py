@@ -8,6 +8,7 @@ error names the offending field (`nodes[2].parents: unknown node 'X9'`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -641,6 +642,14 @@ class DeviceSpec(_Strict):
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _default_device(experiment: str, nodes: tuple[str, ...]) -> DeviceSpec:
+    """The one device of a spec without `devices` (frozen, so one instance serves every call:
+    the agent looks a message's device up for every message it receives)."""
+    default_id = f"{DEFAULT_DEVICE_PREFIX}{experiment}"[:64]
+    return DeviceSpec(id=default_id, actuator=True, nodes=list(nodes), oracle=True)
+
+
 class ExperimentSpec(_Strict):
     """One experiment: graph, actions, reward, constraints, model, policy and schedule."""
 
@@ -749,8 +758,7 @@ class ExperimentSpec(_Strict):
         """The devices of the experiment: `devices`, or the default simulator device."""
         if self.devices is not None:
             return list(self.devices)
-        default_id = f"{DEFAULT_DEVICE_PREFIX}{self.name}"[:64]
-        return [DeviceSpec(id=default_id, actuator=True, nodes=self.node_names, oracle=True)]
+        return [_default_device(self.name, tuple(self.node_names))]
 
     @property
     def actuator_id(self) -> str:

@@ -234,3 +234,36 @@ async def test_each_driver_binds_its_experiment_to_what_it_logs(mosquitto, tmp_p
     assert events["experiment.lingering"]["missing"] == {0: ["X0", "X1", "Y"]}
     assert "experiment" not in events["agent.started"]
     assert "experiment" not in events["agent.stopped"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("freeze_gc", [True, False])
+async def test_what_lives_at_the_start_is_kept_out_of_full_collections(
+    mosquitto, tmp_path, freeze_gc
+):
+    """A full collection scans every container object of the interpreter while every thread
+    waits (torch and BoTorch alone: about 250,000): the service freezes what lives once it
+    started (`agent.runtime.freeze_long_lived`) and unfreezes it when it stops."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    service = AgentService(
+        agent_config(mosquitto.url, tmp_path / "agent.sqlite"),
+        [fast_spec("frozen", rounds=1000, round_timeout_s=60.0, ack_timeout_s=60.0)],
+        freeze_gc=freeze_gc,
+    )
+    task = asyncio.create_task(service.run())
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not service.link.connected:
+                await asyncio.sleep(0.02)
+        frozen_while_serving = gc.get_freeze_count()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if freeze_gc:
+        assert frozen_while_serving > 100_000  # the interpreter's modules, torch's among them
+    else:
+        assert frozen_while_serving == 0
+    assert gc.get_freeze_count() == 0  # unfrozen at the stop: cycles among them can go again
