@@ -43,6 +43,7 @@ class GPUCBPolicy(SearchPolicy):
 
     name = "gpucb"
     handles_arrays = True
+    handles_field_parents = True
     Settings = GPUCBSettings
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
