@@ -716,9 +716,7 @@ class NetworkModel:
             for c in g.components
         ]
         lead = torch.broadcast_shapes(actions.shape[:-1], *leads)
-        parts = {
-            c: values[c].expand(*lead, *self.array_shapes.get(c, ())) for c in g.components
-        }
+        parts = {c: values[c].expand(*lead, *self.array_shapes.get(c, ())) for c in g.components}
         return g(parts)
 
     def compose(self, values: Mapping[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:

@@ -412,9 +412,7 @@ class _MCBOProblem(Problem):
         actions = region.embed(values)
         batch = actions.unsqueeze(0)  # draws broadcast in: (1, b, A) -> (S, b) downstream
         fields = None if self.fields is None else self.fields.first(eps.shape[0])
-        rollout = self.model.rollout(
-            batch, sampler, set_actions=region.set_actions, fields=fields
-        )
+        rollout = self.model.rollout(batch, sampler, set_actions=region.set_actions, fields=fields)
         return rollout[reward].mean(0)
 
     def diagnostics(self) -> dict[str, Any]:

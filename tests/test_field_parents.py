@@ -18,7 +18,6 @@ from core.field_features import MAX_FIELD_FEATURES, FieldFeatures
 from core.network import NetworkModel
 from core.spec import parse_spec
 from policies._optimize import Deadline
-from policies.base import Constraints
 from policies.registry import make_policy
 
 SPEC = {
@@ -83,7 +82,8 @@ def test_the_feature_map_flattens_small_fields_and_pools_large_ones_by_hand() ->
         features = FieldFeatures(shape)
         assert features.count <= MAX_FIELD_FEATURES
         ones = torch.ones(shape, dtype=torch.float64)  # block means of a constant: the constant
-        torch.testing.assert_close(features(3.0 * ones), torch.full((features.count,), 3.0).double())
+        three = torch.full((features.count,), 3.0, dtype=torch.float64)
+        torch.testing.assert_close(features(3.0 * ones), three)
 
 
 def test_the_child_learns_from_the_reported_field_and_its_inputs_are_bounded_by_the_parent():
@@ -97,7 +97,9 @@ def test_the_child_learns_from_the_reported_field_and_its_inputs_are_bounded_by_
     assert row == pytest.approx(expected, abs=0)
     z, y = model.gp.member_data(model.member["y"])  # unit-cube inputs: (x - low) / (high - low)
     assert len(y) == 7  # every round's row learned
-    unit = [(v - low) / (high - low) for v, (low, high) in zip(expected, bounds.tolist())]
+    unit = [
+        (v - low) / (high - low) for v, (low, high) in zip(expected, bounds.tolist(), strict=True)
+    ]
     assert z[2].tolist() == pytest.approx(unit, abs=1e-12)
     # the child's posterior at a training row is close to its reading (noise 0.05)
     mean, _ = model.node_posterior("y", torch.tensor([expected], dtype=torch.float64))
