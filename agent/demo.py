@@ -283,7 +283,7 @@ def prepare_demo(options: DemoOptions) -> tuple[ExperimentSpec, Environment]:
             hint = f" (dgpucb needs a decomposed reward: --env {usable})"
         elif policy in ("eicf", "ucbcf"):
             usable = ", ".join(array_environments())
-            hint = f" ({policy} needs array nodes: --env {usable})"
+            hint = f" ({policy} needs a reward g of arrays: --env {usable})"
         problem = problems[0].removeprefix(f"{policy}: ")
         raise DemoError(f"--policy {policy} on --env {options.env}: {problem}{hint}")
     check_metrics_port(options.metrics_host, options.metrics_port)
@@ -298,8 +298,9 @@ def decomposed_environments() -> list[str]:
 
 
 def array_environments() -> list[str]:
-    """Environments whose example spec has array nodes (paper 002: the composite policies)."""
-    return [n for n in environment_names() if load_spec(example_spec_path(n)).array_nodes]
+    """Environments whose example spec's reward is a function of arrays (paper 002: the
+    composite policies'; `kiln`'s field feeds a scalar reward node instead, issue 15)."""
+    return [n for n in environment_names() if load_spec(example_spec_path(n)).composite_reward]
 
 
 def broker_address(text: str) -> BrokerAddress:

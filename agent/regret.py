@@ -88,13 +88,14 @@ def regret_bound(
     sets (or the spec's finite candidates), CANDIDATES in all. Cost: CANDIDATES × SAMPLES
     posterior evaluations per node, O(n²) each — bounded whatever the experiment's length;
     no other model is kept. None until the reward node has two observations, and for a
-    reward of array nodes (their fields are not rolled out here).
+    network with array nodes (a reward of fields, or a field feeding scalar nodes): drawing a
+    field's sample paths may need its model fitted first, seconds this bound must not spend.
 
     Under a calibrated model UCB − LCB bounds the round's regret only if the candidates reach
     the UCB's maximum over the whole domain; a finite candidate set may fall short of it, so
     the sum is a model-based estimate, not a bound.
     """
-    if model.array_shapes:  # a reward of fields (paper 002) has no rollout of scalar nodes
+    if model.array_shapes:  # fields are not sampled here (see above)
         return None
     reward = model.reward_node
     counts = model.gp.num_observations.tolist()

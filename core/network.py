@@ -10,6 +10,12 @@ posterior is evaluated at its parents' *sampled* values (reparameterization), ba
 samples and candidates and differentiable in the actions. How a node's value is drawn from its
 posterior (optimistic MCBO hallucination, a posterior sample for EI-FN, the mean) is the caller's
 choice, passed as a `NodeSampler`.
+
+An array node (paper 002) has a `FieldModel` over the soft actions that target it. Where it is
+a parent of a scalar node (issue 15), the child's GP takes the field's fixed features
+(`core.field_features`: the field flattened, or block means) in the parent's place; a rollout
+draws the field from its posterior — S Matheron sample paths on fixed base samples
+(`FieldDraws`), or the posterior mean without them — and passes each path on to the child.
 """
 
 from __future__ import annotations
@@ -23,11 +29,18 @@ import numpy as np
 import torch
 
 from core.devices import resolve_device
+from core.field_features import FieldFeatures
 from core.field_reward import FieldReward
 from core.gp import GPConfig, IncrementalGP, LearnReport
 from core.gp.bounded import make_gp
 from core.gp.change import ChangeConfig
-from core.gp.field import FieldModel, FieldModelKind, FieldRefitJob, FieldRefitResult
+from core.gp.field import (
+    FieldModel,
+    FieldModelKind,
+    FieldRefitJob,
+    FieldRefitResult,
+    FieldSamples,
+)
 from core.gp.refit import RefitJob, RefitResult
 from core.reward import RewardFunction
 from core.spec import ExperimentSpec
@@ -40,14 +53,20 @@ _MIN_VARIANCE = 1e-24  # output units²; see `NetworkModel.node_posterior`
 
 @dataclass(frozen=True)
 class NodeInputs:
-    """What feeds a node's GP, in column order: parents first, then soft actions."""
+    """What feeds a node's GP, in column order: parents first, then soft actions.
+
+    `widths` holds each parent's number of columns: 1 for a scalar parent, the feature count
+    of an array parent (`core.field_features`).
+    """
 
     parents: tuple[str, ...]
     actions: tuple[str, ...]
+    widths: tuple[int, ...] = ()
 
     @property
     def width(self) -> int:
-        return len(self.parents) + len(self.actions)
+        parents = sum(self.widths) if self.widths else len(self.parents)
+        return parents + len(self.actions)
 
 
 @dataclass(frozen=True)
@@ -94,6 +113,42 @@ class Round:
     index: int = 0  # its place in the history: the round a time-aware model sees
 
 
+class FieldDraws:
+    """S posterior sample paths of each array node on fixed base samples (Matheron's rule,
+    `core.gp.matheron`), drawn once per proposal: a rollout through them is a deterministic,
+    differentiable function of the actions (`NetworkModel.rollout(fields=...)`).
+
+    Attributes:
+        paths: array node -> its sample paths (nodes without readings are absent).
+        count: S.
+        refitted: the nodes whose field model was fitted while these were drawn.
+    """
+
+    def __init__(
+        self,
+        paths: Mapping[str, FieldSamples],
+        count: int,
+        refitted: Sequence[str] = (),
+        rows: int | None = None,
+    ) -> None:
+        self.paths = dict(paths)
+        self.count = count if rows is None else min(rows, count)
+        self.refitted = list(refitted)
+        self._rows = rows
+
+    def first(self, rows: int) -> FieldDraws:
+        """The first `rows` paths (a valid sample of that many paths: they are independent)."""
+        return FieldDraws(self.paths, self.count, self.refitted, rows)
+
+    def __call__(self, node: str, x: torch.Tensor) -> torch.Tensor | None:
+        """(S, b, *shape) the node's paths at inputs x (b, d); None if it has none."""
+        paths = self.paths.get(node)
+        if paths is None:
+            return None
+        values = paths(x)
+        return values if self._rows is None else values[: self._rows]
+
+
 class NetworkModel:
     """Per-node GPs over the spec's DAG, learning round by round.
 
@@ -120,11 +175,11 @@ class NetworkModel:
         # Array nodes (paper 002) have a `FieldModel` each, built on first use; a reward over
         # them (or a registered metric) is a `FieldReward`.
         self.array_shapes: dict[str, tuple[int, ...]] = spec.array_nodes
-        self.field_reward = (
-            FieldReward(spec)
-            if self.array_shapes or spec.reward.aggregation == "function"
-            else None
-        )
+        self.field_reward = FieldReward(spec) if spec.composite_reward else None
+        # What a scalar child's GP sees of an array parent (issue 15)
+        self.features: dict[str, FieldFeatures] = {
+            name: FieldFeatures(shape) for name, shape in self.array_shapes.items()
+        }
         # A decomposed reward (paper 003) is g(components), known: it has no GP of its own.
         self.reward_function = (
             RewardFunction(spec) if spec.reward.decomposed and self.field_reward is None else None
@@ -139,7 +194,11 @@ class NetworkModel:
         self.action_names: list[str] = spec.action_names
         self._action_column = {name: i for i, name in enumerate(self.action_names)}
         self.inputs: dict[str, NodeInputs] = {
-            node.name: NodeInputs(tuple(node.parents), self._feeding_actions(node.name))
+            node.name: NodeInputs(
+                tuple(node.parents),
+                self._feeding_actions(node.name),
+                tuple(self._parent_width(p) for p in node.parents),
+            )
             for node in spec.nodes
         }
         self.member: dict[str, int] = {name: i for i, name in enumerate(self.order)}
@@ -159,6 +218,10 @@ class NetworkModel:
         """The nodes devices report in every round: the scalar nodes with a GP, then the
         array nodes (a decomposed reward is composed, not reported)."""
         return [*self.order, *self.array_shapes]
+
+    def _parent_width(self, parent: str) -> int:
+        """GP input columns a parent gives its child: 1, or an array's feature count."""
+        return self.features[parent].count if parent in self.features else 1
 
     def _feeding_actions(self, node: str) -> tuple[str, ...]:
         if self.spec.intervention == "hard":
@@ -193,7 +256,12 @@ class NetworkModel:
         bounds = torch.zeros(len(self.order), self.input_dim, 2, dtype=self.dtype)
         bounds[..., 1] = 1.0  # padding columns and input-free nodes: a constant 0 in [0, 1]
         for j, node in enumerate(self.order):
-            columns = [self.spec.node(p).bounds for p in self.inputs[node].parents]
+            inputs = self.inputs[node]
+            columns = [  # an array parent's features are means of its elements: its bounds
+                self.spec.node(p).bounds
+                for p, width in zip(inputs.parents, inputs.widths, strict=True)
+                for _ in range(width)
+            ]
             columns += [self.spec.action(a).bounds for a in self.inputs[node].actions]
             if self.timed:
                 columns.append(self._time_bounds())
@@ -504,15 +572,22 @@ class NetworkModel:
 
     def _timed_row(self, node: str, record: Round) -> list[float]:
         """The node GP's input for a round: `node_input_row`, then the round if timed."""
-        row = self.node_input_row(node, record.readings, record.intervention)
+        readings = {**record.readings, **record.arrays} if record.arrays else record.readings
+        row = self.node_input_row(node, readings, record.intervention)
         return [*row, float(record.index)] if self.timed else row
 
     def node_input_row(self, node: str, readings: Readings, actions: Intervention) -> list[float]:
-        """The GP input of `node` for a round, in declared units."""
+        """The GP input of `node` for a round, in declared units (an array parent's reading,
+        its array, gives its features)."""
         inputs = self.inputs[node]
-        return [readings[p] for p in inputs.parents] + [
-            float(actions.get(a, 0.0)) for a in inputs.actions
-        ]
+        row: list[float] = []
+        for p in inputs.parents:
+            if p in self.features:
+                array = torch.as_tensor(np.asarray(readings[p], dtype=np.float64))
+                row += self.features[p](array.reshape(self.array_shapes[p])).tolist()
+            else:
+                row.append(float(readings[p]))
+        return row + [float(actions.get(a, 0.0)) for a in inputs.actions]
 
     @property
     def observed_rewards(self) -> list[float]:
@@ -584,6 +659,7 @@ class NetworkModel:
         sampler: NodeSampler = mean_sampler,
         *,
         set_actions: Sequence[str] = (),
+        fields: FieldDraws | None = None,
     ) -> dict[str, torch.Tensor]:
         """Propagate values through the network in topological order.
 
@@ -593,13 +669,18 @@ class NetworkModel:
             sampler: draws a node's value from its posterior at its (sampled) inputs.
             set_actions: hard interventions: the actions in the target set; their nodes take
                 the action's value and have no GP in the rollout.
+            fields: sample paths of the array nodes (`field_draws`): each array node's value is
+                (S, ..., *shape), S paths passed on to its children; None: the posterior mean
+                field (`field_mean`).
 
         Returns:
-            node name -> (...) values.
+            node name -> (...) values (an array node's (..., *shape)); with a composite reward
+            (`core.field_reward`) or a decomposed one, the reward composed from them.
 
         A sampler may return values with more leading dims than the actions (say (S, b) draws
-        for (b, A) actions); they broadcast downstream, so a node that depends on no sampled
-        value is evaluated once per action row rather than once per draw.
+        for (1, b, A) actions); they broadcast downstream, so a node that depends on no sampled
+        value is evaluated once per action row rather than once per draw. Field paths lead
+        with their S in the same way (`field_value`).
         """
         fixed = {self.spec.action(a).targets[0]: self._action_column[a] for a in set_actions}
         values: dict[str, torch.Tensor] = {}
@@ -607,13 +688,36 @@ class NetworkModel:
             if node in fixed:
                 values[node] = actions[..., fixed[node]]
                 continue
+            for parent in self.inputs[node].parents:
+                if parent in self.array_shapes and parent not in values:
+                    values[parent] = self.field_value(parent, actions, fields)
             inputs = self.node_inputs_at(node, actions, values)
             mean, std = self.node_posterior(node, inputs)
             query = NodeQuery(node, inputs, mean, std, self.noise_std(node))
             values[node] = sampler(query)
-        if self.reward_function is not None:
+        if self.field_reward is not None:
+            for component in self.field_reward.components:
+                if component in self.array_shapes and component not in values:
+                    values[component] = self.field_value(component, actions, fields)
+            values[self.reward_node] = self.compose_field(values, actions)
+        elif self.reward_function is not None:
             values[self.reward_node] = self.compose(values, actions)
         return values
+
+    def compose_field(
+        self, values: Mapping[str, torch.Tensor], actions: torch.Tensor
+    ) -> torch.Tensor:
+        """The composite reward g (`core.field_reward`) from component values: arrays
+        (..., *shape), scalars (...), broadcast against each other and the actions (..., A)."""
+        g = self.field_reward
+        assert g is not None
+        leads = [
+            values[c].shape[: values[c].dim() - len(self.array_shapes.get(c, ()))]
+            for c in g.components
+        ]
+        lead = torch.broadcast_shapes(actions.shape[:-1], *leads)
+        parts = {c: values[c].expand(*lead, *self.array_shapes.get(c, ())) for c in g.components}
+        return g(parts)
 
     def compose(self, values: Mapping[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """The decomposed reward g from component values (...) and actions (..., A)."""
@@ -628,15 +732,22 @@ class NetworkModel:
     def node_inputs_at(
         self, node: str, actions: torch.Tensor, values: Mapping[str, torch.Tensor]
     ) -> torch.Tensor:
-        """(..., width) GP inputs of `node`: its parents' `values`, then its soft actions."""
+        """(..., width) GP inputs of `node`: its parents' `values` (an array parent's
+        (..., *shape) field as its features), then its soft actions."""
         spec_inputs = self.inputs[node]
-        parents = [values[p] for p in spec_inputs.parents]
-        lead = torch.broadcast_shapes(actions.shape[:-1], *(v.shape for v in parents))
-        columns = [v.expand(lead) for v in parents]
-        columns += [actions[..., self._action_column[a]].expand(lead) for a in spec_inputs.actions]
+        parents = [  # each (..., w): w = 1, or an array parent's feature count
+            self.features[p](values[p]) if p in self.features else values[p].unsqueeze(-1)
+            for p in spec_inputs.parents
+        ]
+        lead = torch.broadcast_shapes(actions.shape[:-1], *(v.shape[:-1] for v in parents))
+        columns = [v.expand(*lead, v.shape[-1]) for v in parents]
+        columns += [
+            actions[..., self._action_column[a]].expand(lead).unsqueeze(-1)
+            for a in spec_inputs.actions
+        ]
         if not columns:
             return actions.new_zeros((*lead, 0))
-        return torch.stack(columns, dim=-1)
+        return torch.cat(columns, dim=-1)
 
     # ------------------------------------------------------------------ array nodes
     def _field_input(self, node: str, intervention: Intervention) -> torch.Tensor:
@@ -674,6 +785,58 @@ class NetworkModel:
                     )
             self.fields[node] = model
         return self.fields[node]
+
+    def field_value(
+        self, node: str, actions: torch.Tensor, fields: FieldDraws | None = None
+    ) -> torch.Tensor:
+        """An array node's value in a rollout at actions (..., A): (S, ..., *shape) from its
+        sample paths in `fields` (for (1, b, A) actions, (S, b, *shape): S takes the leading
+        1), else the posterior mean (..., *shape) (`field_mean`)."""
+        x = self.field_inputs(node, actions)
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        shape = self.array_shapes[node]
+        draws = None if fields is None else fields(node, flat)
+        if draws is None:
+            return self.field_mean(node, flat).reshape(*lead, *shape)
+        # (1, b, A) actions (a policy's batch, draws broadcast in): S takes the leading 1
+        kept = lead[1:] if len(lead) >= 2 and lead[0] == 1 else lead
+        return draws.reshape(draws.shape[0], *kept, *shape)
+
+    def field_mean(self, node: str, x: torch.Tensor) -> torch.Tensor:
+        """(b, *shape) the array node's posterior mean at inputs x (b, d), declared units; a
+        model not built or not fitted yet gives its readings' mean (the midpoint of `bounds`
+        before any): never a fit here, so a mean rollout on the ingest path stays cheap."""
+        model = self.fields.get(node)
+        if model is not None and model.gp is not None:
+            return model.posterior_mean(x).to(x)
+        arrays = [r.arrays[node] for r in self.history if node in r.arrays]
+        if arrays:
+            mean = torch.stack(arrays).mean(0)
+        else:
+            low, high = self.spec.node(node).bounds
+            mean = torch.full(self.array_shapes[node], 0.5 * (low + high), dtype=self.dtype)
+        return mean.to(x).expand(x.shape[0], *mean.shape)
+
+    def field_draws(
+        self, count: int, seed: int, kind: FieldModelKind = "hogp", fit_steps: int = 50
+    ) -> FieldDraws:
+        """`count` posterior sample paths of every array node with readings, for rollouts
+        (`rollout(fields=...)`): each node's model is built (`field_model`) and fitted when due
+        (`refresh_field`) first — seconds, so call it off the ingest path (the policies do, in
+        their worker thread). A node without readings has no paths: its rollouts take the
+        midpoint field (`field_mean`)."""
+        generator = torch.Generator().manual_seed(seed)
+        paths: dict[str, FieldSamples] = {}
+        refitted: list[str] = []
+        for node in self.array_shapes:
+            model = self.field_model(node, kind, fit_steps)
+            if model.n == 0:
+                continue
+            if self.refresh_field(node):
+                refitted.append(node)
+            paths[node] = model.samples(count, generator)
+        return FieldDraws(paths, count, refitted)
 
     def refresh_field(self, node: str) -> bool:
         """Fit the node's field model now if it has never been fitted, or if a refit is due

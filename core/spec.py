@@ -82,10 +82,11 @@ class NodeSpec(_Strict):
         description="An array node (paper 002): its reading is an array of this shape, `[t]` "
         f"(a sensor vector) or `[c, h, w]` (a field), at most {MAX_FIELD_ELEMENTS} elements, "
         "sent as `cbo.reading` version 3. `bounds` and `valid_range` then hold for each "
-        "element. An array node has no parents, is fed by the soft actions that target it, and "
-        "is a component of a decomposed reward, never a parent of a scalar node (MCBO's "
-        "rollouts do not pass a sampled field on to a child's GP: a spec that tries is refused "
-        "by name). null: a scalar node.",
+        "element. An array node has no parents and is fed by the soft actions that target it; it "
+        "is a component of a decomposed reward, a parent of scalar nodes, or both. A scalar "
+        "child's GP sees the field through a fixed map (`core.field_features`): the field "
+        "flattened when it has at most 16 elements, else at most 16 block means (each channel "
+        "of a `[c, h, w]` field kept). null: a scalar node.",
     )
 
     _bounds = field_validator("bounds")(_check_bounds)
@@ -942,7 +943,7 @@ class ExperimentSpec(_Strict):
             return ["reward.weights: an expression reward takes no weights"]
         if not reward.expression:
             return ["reward.expression: required for aggregation 'expression'"]
-        if self.array_nodes:
+        if self.composite_reward:
             from core.field_reward import FieldReward
 
             try:
@@ -993,36 +994,44 @@ class ExperimentSpec(_Strict):
         problems = []
         if self.intervention != "soft" or self.fidelity is not None:
             problems.append("nodes: array nodes are for soft experiments without fidelity")
+        fed = {name for action in self.actions for name in action.targets}
+        children = {p for node in self.nodes for p in node.parents if node.shape is None}
+        reward = self.reward
         for i, node in enumerate(self.nodes):
-            if node.name in arrays and node.parents:
+            if node.name not in arrays:
+                continue
+            if node.parents:
                 problems.append(
                     f"nodes[{i}].parents: an array node has no parents (the soft actions that "
                     "target it are its inputs)"
                 )
-            array_parents = [p for p in node.parents if p in arrays]
-            if array_parents and node.name != self.reward.node:
-                # MCBO's rollouts pass each node's sampled value to its children through the
-                # children's GP inputs; a field has no such path yet (docs/spec.md). No "; " in
-                # the message: the problems of one validator are joined by it
+            elif node.name not in fed:
                 problems.append(
-                    f"nodes[{i}].parents: array nodes {array_parents} feed only the reward: "
-                    f"a field as a parent of the scalar node {node.name!r} is not supported "
-                    "(make the field a reward component, or report a scalar summary of it as "
-                    "its own node)"
+                    f"nodes[{i}]: the array node {node.name!r} has no soft action targeting it "
+                    "(its model's inputs are those actions)"
                 )
-        reward = self.reward
+            # No "; " in a message: the problems of one validator are joined by it
+            if node.name not in children and node.name not in reward.components:
+                problems.append(
+                    f"nodes[{i}]: the array node {node.name!r} feeds nothing (make it a reward "
+                    "component or a parent of a scalar node)"
+                )
         if reward.node in arrays:
             problems.append(
-                "reward.node: an array node cannot be the reward; make it a "
+                "reward.node: an array node cannot be the reward, make it a "
                 "component of a decomposed reward"
             )
-        elif not set(arrays) <= set(reward.components):
-            problems.append(
-                f"reward.components: every array node ({sorted(arrays)}) is a component"
-            )
-        elif reward.aggregation == "linear":
+        elif set(arrays) & set(reward.components) and reward.aggregation == "linear":
             problems.append("reward.aggregation: arrays need 'expression' or 'function'")
         return problems
+
+    @property
+    def composite_reward(self) -> bool:
+        """Whether the reward is g over array components or a registered metric (paper 002's
+        composite reward, `core.field_reward`), not a scalar node's reading or a scalar g."""
+        return bool(set(self.array_nodes) & set(self.reward.components)) or (
+            self.reward.aggregation == "function"
+        )
 
     def _target_set_problems(self) -> list[str]:
         if self.intervention == "soft":

@@ -2,12 +2,15 @@
 through the array nodes' Matheron samples.
 
 For S fixed base samples, each array node's field model gives sample paths f_s(x) (Matheron's
-rule, `core.gp.matheron`); a scalar component fed only by actions is μ(a) + σ(a)·ε_s; the reward
-sample is y_s(a) = g(components_s(a)) (`core.field_reward`). The paths are drawn once per
-proposal, so the sample average is a deterministic, smooth function of the actions and BoTorch's
-multi-start L-BFGS-B applies (sample-average approximation, the paper's Prop. 1). Before the
-samples are drawn, each field model is refitted when its schedule says so (`refit_every`) — here,
-in the policy's worker thread, never on the ingest path.
+rule, `core.gp.matheron`); each scalar node with a GP (a reward component, or a node between a
+field and a component) is μ(z_s, a) + σ(z_s, a)·ε_s at its sampled parents z_s — a field parent
+seen through its features (`core.field_features`, issue 15) — in the network's topological
+order (`NetworkModel.rollout`); the reward sample is y_s(a) = g(components_s(a))
+(`core.field_reward`). The paths are drawn once per proposal, so the sample average is a
+deterministic, smooth function of the actions and BoTorch's multi-start L-BFGS-B applies
+(sample-average approximation, the paper's Prop. 1). Before the samples are drawn, each field
+model is refitted when its schedule says so (`refit_every`) — here, in the policy's worker
+thread, never on the ingest path.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from core.gp.field import FieldSamples
-from core.network import NetworkModel
+from core.network import NetworkModel, NodeQuery
 from core.spec import ExperimentSpec
 from policies._optimize import sobol_normals
 from policies._search import Problem, SearchPolicy, SearchSettings
@@ -42,16 +44,9 @@ class CompositeSettings(SearchSettings):
 
 
 def check_composite_spec(spec: ExperimentSpec, name: str) -> None:
-    """ValueError unless the reward is g over array nodes and action-fed scalar nodes."""
-    if not spec.array_nodes:
+    """ValueError unless the reward is g over components among which are array nodes."""
+    if not set(spec.array_nodes) & set(spec.reward.components):
         raise ValueError(f"{name}: needs a spec with array nodes (a `shape`) in the reward")
-    for component in spec.reward.components:
-        node = spec.node(component)
-        if node.shape is None and node.parents:
-            raise ValueError(
-                f"{name}: the scalar reward component {component!r} has parents; composite "
-                "policies take components fed by actions only"
-            )
 
 
 class CompositeProblem(Problem):
@@ -62,26 +57,18 @@ class CompositeProblem(Problem):
         settings: CompositeSettings = policy.settings  # type: ignore[assignment]
         assert model.field_reward is not None
         self.g = model.field_reward
-        generator = torch.Generator().manual_seed(seed)
-        self.paths: dict[str, FieldSamples] = {}
-        self.refitted: list[str] = []
         self.samples = settings.mc_samples
+        self.fields = model.field_draws(
+            settings.mc_samples, seed, settings.field_model, settings.fit_steps
+        )
+        self.refitted = self.fields.refitted
         # Before a field has any reading there is nothing to fit: every point is alike (the
         # acquisition is flat, 0), as for the other policies' prior before data.
-        self.blind = False
-        for node in model.array_shapes:
-            field = model.field_model(node, settings.field_model, settings.fit_steps)
-            if field.n == 0:
-                self.blind = True
-                continue
-            if model.refresh_field(node):
-                self.refitted.append(node)
-            self.paths[node] = field.samples(settings.mc_samples, generator)
-        scalars = [c for c in self.g.components if c not in model.array_shapes]
+        self.blind = any(node not in self.fields.paths for node in model.array_shapes)
         normals = sobol_normals(
-            settings.mc_samples, len(scalars), seed, dtype=self.dtype, device=self.device
+            settings.mc_samples, len(model.order), seed, dtype=self.dtype, device=self.device
         )
-        self.normals = {c: normals[:, i, None] for i, c in enumerate(scalars)}  # (S, 1)
+        self.normals = {node: normals[:, j, None] for j, node in enumerate(model.order)}
         rewards = model.observed_rewards
         self.best = max(rewards) if rewards else None
 
@@ -89,14 +76,14 @@ class CompositeProblem(Problem):
         """(b, A) action vectors -> (S, b) reward samples; differentiable in the actions."""
         if self.blind:
             return actions.new_zeros(self.samples, actions.shape[0]) + 0.0 * actions.sum(-1)
-        values: dict[str, torch.Tensor] = {}
-        for node, paths in self.paths.items():
-            values[node] = paths(self.model.field_inputs(node, actions))
-        for node, eps in self.normals.items():
-            inputs = self.model.node_inputs_at(node, actions, {})
-            mean, std = self.model.node_posterior(node, inputs)
-            values[node] = mean + std * eps
-        return self.g(values)
+
+        def sampler(query: NodeQuery) -> torch.Tensor:
+            return query.mean + query.std * self.normals[query.node]
+
+        batch = actions.unsqueeze(0)  # paths broadcast in: (1, b, A) -> (S, b) downstream
+        values = self.model.rollout(batch, sampler, fields=self.fields)
+        reward = values[self.model.reward_node]
+        return reward.expand(self.samples, actions.shape[0])
 
     def acquisition(self, samples: torch.Tensor) -> torch.Tensor:
         """(S, b) reward samples -> (b,) acquisition values."""

@@ -118,9 +118,13 @@ class Policy(ABC):
 
     name: ClassVar[str]
     Settings: ClassVar[type[PolicySettings]] = PolicySettings
-    # Whether the policy works on specs with array nodes (paper 002), whose rewards have no
-    # scalar rollout through the network: those that only need the flat model or none.
+    # Whether the policy works on specs whose reward is a function of arrays (paper 002's
+    # composite reward): the composite policies and those that only need the flat model or none.
     handles_arrays: ClassVar[bool] = False
+    # Whether the policy works on specs where an array node is a parent of a scalar node (issue
+    # 15): those whose rollouts pass the field's sample paths on (`NetworkModel.rollout`) and
+    # those that need no node GP.
+    handles_field_parents: ClassVar[bool] = False
     # Whether the policy keeps a limit on the blocks of a parameter vector changed per round
     # (`Constraints.max_blocks`); the others refuse such a spec.
     handles_block_limits: ClassVar[bool] = False
@@ -129,10 +133,21 @@ class Policy(ABC):
     reads_model: ClassVar[bool] = False
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
-        if (spec.array_nodes or spec.reward.aggregation == "function") and not self.handles_arrays:
+        if spec.composite_reward and not self.handles_arrays:
             raise ValueError(
                 f"{self.name}: the spec's reward is a function of arrays; policies for it: "
                 "eicf, ucbcf, eimetric, gpucb, random"
+            )
+        field_parents = [
+            node.name
+            for node in spec.nodes
+            if node.shape is None and any(p in spec.array_nodes for p in node.parents)
+        ]
+        if field_parents and not self.handles_field_parents:
+            raise ValueError(
+                f"{self.name}: array nodes feed the scalar nodes {field_parents}; policies "
+                "for it: mcbo, eifn, eimetric, gpucb, random (eicf, ucbcf with a reward g "
+                "of arrays)"
             )
         limited = spec.parameters is not None and spec.constraints.max_interventions is not None
         if limited and not self.handles_block_limits:

@@ -28,6 +28,7 @@ class EICFPolicy(SearchPolicy):
     name = "eicf"
     Settings = CompositeSettings
     handles_arrays = True
+    handles_field_parents = True
 
     def __init__(self, spec: ExperimentSpec, settings: dict | None = None) -> None:
         super().__init__(spec, settings)

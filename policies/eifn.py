@@ -19,6 +19,11 @@ that depend on no sampled value (roots fed only by actions) are evaluated once p
 once per sample (`NetworkModel.rollout` broadcasts the draws). Before any reward has been observed,
 best_f = −∞ would make EI infinite; the acquisition is then the sampled mean of the reward.
 
+An array node that feeds scalar nodes (issue 15) takes S posterior sample paths of its field
+(Matheron's rule on fixed base samples, `NetworkModel.field_draws`, fitted first when due), path
+s paired with base sample s, and passes each on to its children; the mean rollout takes the
+posterior mean field.
+
 Log-EI (`log_ei`, on by default). Far from the incumbent every sample's improvement is exactly 0:
 the sample-average EI is flat, L-BFGS-B gets no gradient, and the "best" point is whichever
 start it happened to keep — on Alpine2 and SIR plain EI-FN kept proposing such near-arbitrary
@@ -82,6 +87,7 @@ class EIFNPolicy(SearchPolicy):
 
     name = "eifn"
     Settings = EIFNSettings
+    handles_field_parents = True  # a field parent's sample paths are passed on (see below)
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _EIFNProblem(self, model, seed)
@@ -99,6 +105,9 @@ class _EIFNProblem(Problem):
             self.settings.mc_samples, 2 * nodes, seed, dtype=self.dtype, device=self.device
         )
         self.epistemic, self.aleatoric = base[:, :nodes], base[:, nodes:]
+        self.fields = (
+            model.field_draws(self.settings.mc_samples, seed) if model.array_shapes else None
+        )
         rewards = model.observed_rewards
         self.best_f = max(rewards) if rewards else -math.inf
         self.log_ei = self.settings.log_ei and not self.settings.cost_aware
@@ -117,7 +126,11 @@ class _EIFNProblem(Problem):
             return query.mean + query.std * epistemic + self.noise[query.node] * aleatoric
 
         batch = actions.unsqueeze(0)  # draws broadcast in: (1, b, A) -> (S, b) downstream
-        return self.model.rollout(batch, sampler, set_actions=set_actions)[self.model.reward_node]
+        fields = self.fields
+        if fields is not None and count is not None:
+            fields = fields.first(count)
+        values = self.model.rollout(batch, sampler, set_actions=set_actions, fields=fields)
+        return values[self.model.reward_node]
 
     def expected_improvement(
         self, actions: torch.Tensor, set_actions: tuple[str, ...], count: int | None = None
@@ -164,4 +177,7 @@ class _EIFNProblem(Problem):
         return region.feasible(result.x.unsqueeze(0))
 
     def diagnostics(self) -> dict[str, Any]:
-        return {"best_f": self.best_f, "log_ei": self.log_ei}
+        info: dict[str, Any] = {"best_f": self.best_f, "log_ei": self.log_ei}
+        if self.fields is not None:
+            info["fields_refitted"] = self.fields.refitted
+        return info

@@ -23,6 +23,7 @@ class EIMetricPolicy(SearchPolicy):
     name = "eimetric"
     Settings = SearchSettings
     handles_arrays = True
+    handles_field_parents = True
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _EIMetricProblem(self, model, seed)

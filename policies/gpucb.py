@@ -51,6 +51,7 @@ class GPUCBPolicy(SearchPolicy):
     name = "gpucb"
     handles_arrays = True
     handles_block_limits = True  # greedy by UCB from the unconstrained optimum (module doc)
+    handles_field_parents = True
     Settings = GPUCBSettings
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:

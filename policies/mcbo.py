@@ -35,6 +35,12 @@ Two parameterizations of η (setting `eta`; "auto" picks per target set, see `et
   rule on a 32-sample MC objective would also stop on noise; a fixed budget gives every restart
   the same chance and keeps the time per proposal predictable.
 
+An array node that feeds scalar nodes (issue 15) is not hallucinated: its value is one of S
+posterior sample paths (Matheron's rule, `NetworkModel.field_draws`, fitted first when due),
+drawn once per proposal and paired with the S noise draws, so the MC mean runs over the field's
+epistemic uncertainty as over the noise; its children hallucinate at the sampled field. A
+sampled field is random given a, so "auto" treats it as a noisy node.
+
 β: `beta` (default 0.5, the middle of the paper's grid {0.05, 0.5, 5}), or `beta_schedule`
 (see `policies._beta`). Finite candidate sets are scored exhaustively with a constant η per
 candidate, optimized for all candidates at once by projected Adam (η_Y = +1 in closed form; no
@@ -96,6 +102,7 @@ class MCBOPolicy(SearchPolicy):
 
     name = "mcbo"
     Settings = MCBOSettings
+    handles_field_parents = True  # a field parent's sample paths are passed on (see below)
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _MCBOProblem(self, model, seed, deadline)
@@ -113,7 +120,8 @@ class MCBOPolicy(SearchPolicy):
         if self.settings.eta != "auto":
             return self.settings.eta
         fixed = model.set_nodes(dict.fromkeys(set_actions, 0.0))
-        noisy: set[str] = set()  # nodes whose value varies with the noise, given a
+        # nodes whose value varies with the noise given a; a field is one of its sample paths
+        noisy: set[str] = set(model.array_shapes)
         for node in model.order:
             if node in fixed:
                 continue
@@ -139,11 +147,20 @@ class _MCBOProblem(Problem):
         self.noise = {node: model.known_noise_std(node) for node in model.order}
         self.column = {node: j for j, node in enumerate(model.order)}
         self.noisy = any(std > 0 for std in self.noise.values())
-        count = self.settings.mc_samples if self.noisy else 1
+        # field parents (issue 15): S sample paths, paired with the S noise draws; enough paths
+        # for the network mode's training (mc_samples) and its rescoring chunks (64)
+        self.fields = None
+        if model.array_shapes:
+            paths = max(self.settings.mc_samples, min(self.settings.rescore_samples, 64))
+            self.fields = model.field_draws(paths, seed)
+        random = self.noisy or self.fields is not None
+        count = self.settings.mc_samples if random else 1
         self.eps = sobol_normals(
             count, len(model.order), seed, dtype=self.dtype, device=self.device
         )
         self.info: dict[str, Any] = {"beta": self.beta}
+        if self.fields is not None:
+            self.info["fields_refitted"] = self.fields.refitted
 
     # ------------------------------------------------------------------ structure
     def eta_nodes(self, set_actions: tuple[str, ...]) -> list[str]:
@@ -187,7 +204,8 @@ class _MCBOProblem(Problem):
             return query.mean + beta * query.std * eta[:, index[node]] + shift
 
         batch = actions.unsqueeze(0)  # draws broadcast in: (1, b, A) -> (S, b) downstream
-        values = self.model.rollout(batch, sampler, set_actions=set_actions)
+        fields = None if self.fields is None else self.fields.first(eps.shape[0])
+        values = self.model.rollout(batch, sampler, set_actions=set_actions, fields=fields)
         return values[reward].mean(0)
 
     def evaluate(self, region: Region, x: torch.Tensor) -> torch.Tensor:
@@ -393,7 +411,8 @@ class _MCBOProblem(Problem):
 
         actions = region.embed(values)
         batch = actions.unsqueeze(0)  # draws broadcast in: (1, b, A) -> (S, b) downstream
-        rollout = self.model.rollout(batch, sampler, set_actions=region.set_actions)
+        fields = None if self.fields is None else self.fields.first(eps.shape[0])
+        rollout = self.model.rollout(batch, sampler, set_actions=region.set_actions, fields=fields)
         return rollout[reward].mean(0)
 
     def diagnostics(self) -> dict[str, Any]:

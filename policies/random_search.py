@@ -73,6 +73,7 @@ class RandomPolicy(Policy):
 
     name = "random"
     handles_arrays = True
+    handles_field_parents = True
     handles_block_limits = True
     reads_model = True  # reads none: a time-aware model or a change detector cost it nothing
     Settings = RandomSettings

@@ -35,6 +35,7 @@ class UCBCFPolicy(SearchPolicy):
     name = "ucbcf"
     Settings = UCBCFSettings
     handles_arrays = True
+    handles_field_parents = True
 
     def __init__(self, spec: ExperimentSpec, settings: dict | None = None) -> None:
         super().__init__(spec, settings)

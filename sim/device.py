@@ -259,7 +259,7 @@ class SimulatorDevice:
         try:
             async for message in connection.messages():
                 try:
-                    self._on_message(message.topic, message.payload)
+                    await self._on_message(message.topic, message.payload)
                 except Exception:  # a bug in handling one message must not stop the device
                     self._log.exception("device.message_failed", topic=message.topic)
         finally:
@@ -267,7 +267,12 @@ class SimulatorDevice:
             self._link.set(None)
 
     # ------------------------------------------------------------------------------ actions
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    async def _on_message(self, topic: str, payload: bytes) -> None:
+        """Handle one action message. Messages are handled one at a time, in arrival order (a
+        duplicate that arrives during a step finds the step's ack), but the step itself runs
+        in a worker thread: a slow simulator (the Brusselator's PDE solve, ~0.4 s) does not
+        stall the event loop, which keeps publishing earlier rounds' readings, answering the
+        broker and, in `cbo-agent demo`, running the agent."""
         key = self.settings.key
         if key is not None:  # with a key, only actions the agent signed with it
             keys = DeviceKeys({self.settings.device_id: key.get_secret_value().encode()})
@@ -307,7 +312,7 @@ class SimulatorDevice:
             self._reject(action, BUSY_REASON, alog)
             return
         try:
-            plan = self._apply(action)
+            plan = await asyncio.to_thread(self._apply, action)
         except Rejected as rejected:
             self._reject(action, str(rejected), alog)
             return

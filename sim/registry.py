@@ -19,6 +19,7 @@ from sim.gw10 import GW10
 from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
+from sim.kiln import Kiln
 from sim.mamujoco import MaMuJoCoSwimmer
 from sim.mamujoco_ant import MaMuJoCoAnt
 from sim.mc import MC
@@ -54,6 +55,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "environmental": lambda seed: Environmental(),
     # and its PDE problem: the Brusselator's 2 x 64 x 64 field on py-pde (imported on first solve)
     "brusselator": lambda seed: Brusselator(),
+    # issue 15: a field (16 probes) that feeds a scalar node, the reward
+    "kiln": lambda seed: Kiln(),
     # paper 001's subgoal domains: a seed draws the oracle's test environments
     "gw10": lambda seed: GW10.create(seed),
     "gw20": lambda seed: GW20.create(seed),

@@ -555,3 +555,49 @@ def test_the_plan_honours_rates_delays_and_sequences() -> None:
 async def test_run_device_names_an_unknown_environment() -> None:
     with pytest.raises(KeyError, match="unknown environment"):
         await run_device("no-such-env", "mqtt://127.0.0.1:1", DeviceSettings(experiment="exp1"))
+
+
+@pytest.mark.integration
+async def test_a_slow_step_runs_off_the_event_loop_and_messages_keep_their_order(
+    mosquitto: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A simulator step as slow as the Brusselator's solve (0.4 s) runs in a worker thread: the
+    loop keeps ticking meanwhile (on the loop the largest gap would be the whole step), and a
+    duplicate that arrives during the step is answered with the step's ack, not stepped again."""
+    env = ToyGraph()
+    step = env.step
+    calls = [0]
+
+    def slow_step(*args: Any, **kwargs: Any) -> dict[str, float]:
+        calls[0] += 1
+        time.sleep(0.4)  # holds the GIL only in short slices, as numpy's solve
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(env, "step", slow_step)
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async with observing(mosquitto.port) as observer, running(env, mosquitto.port, settings()):
+        ticker = asyncio.create_task(tick())
+        first = action(0, {"do_X1": 1.0})
+        await observer.publish(first)
+        await observer.publish(first)  # arrives while the step runs
+        await observer.publish(action(1, {"do_X1": 2.0}))
+        await observer.wait_for(readings_done(observer, env, 1))
+        await observer.wait_for(lambda: len(observer.of("ack", 0)) == 2)
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+
+    assert calls[0] == 2  # round 0 once, round 1 once
+    assert [a.round for a in observer.of("ack")] == [0, 0, 1]  # in arrival order
+    acks = observer.of("ack", 0)
+    assert acks[0] == acks[1] and acks[0].status == "applied"
+    assert len(gaps) > 40 and max(gaps) < 0.2, max(gaps)

@@ -105,25 +105,31 @@ def test_an_unreduced_array_or_an_unknown_metric_is_named() -> None:
     assert "did you mean 'environmental_sse'" in problems(data)
 
 
-def test_array_nodes_feed_only_the_reward_and_have_no_parents() -> None:
+def test_array_nodes_have_no_parents_and_feed_something() -> None:
     data = spec_with()
     data["nodes"][0]["parents"] = ["power"]
     assert "an array node has no parents" in problems(data)
     data = spec_with()
-    data["nodes"][1]["parents"] = ["temps"]
-    assert "feed only the reward" in problems(data)
-    assert "a field as a parent of the scalar node 'power' is not supported" in problems(data)
+    data["nodes"][1]["parents"] = ["temps"]  # a field feeding a scalar node (issue 15)
+    assert parse_spec(data).node("power").parents == ["temps"]
     data = spec_with()
     data["reward"] = {"node": "temps"}
     assert "cannot be the reward" in problems(data)
     data = spec_with(intervention="hard", target_sets=[["a"]])
     data["actions"][0]["targets"] = ["power"]
     assert "soft experiments" in problems(data)
+    data = spec_with()
+    data["nodes"].append({"name": "idle", "shape": [4], "bounds": [0, 1]})
+    data["actions"].append({"name": "c", "targets": ["idle"], "bounds": [0, 1]})
+    assert "the array node 'idle' feeds nothing" in problems(data)
+    data["actions"].pop()
+    data["nodes"][1]["parents"] = ["idle"]
+    assert "the array node 'idle' has no soft action targeting it" in problems(data)
 
 
-def test_validate_names_a_field_parent_of_a_scalar_node_in_one_line(tmp_path, capsys) -> None:
-    """The limitation (a vector node feeding a scalar node, issue 15) is one line of
-    `cbo-agent validate`, exit 1 as every spec problem, no traceback."""
+def test_validate_names_an_array_node_that_feeds_nothing_in_one_line(tmp_path, capsys) -> None:
+    """What cannot work is one line of `cbo-agent validate`, exit 1 as every spec problem, no
+    traceback; a field feeding a scalar node validates (issue 15)."""
     import yaml
 
     from agent.cli import main
@@ -132,10 +138,14 @@ def test_validate_names_a_field_parent_of_a_scalar_node_in_one_line(tmp_path, ca
     data["nodes"][1]["parents"] = ["temps"]
     path = tmp_path / "field-parent.yaml"
     path.write_text(yaml.safe_dump({**data, "policy": {"name": "random"}}))
+    assert main(["validate", str(path)]) == 0
+    data["nodes"].append({"name": "idle", "shape": [4], "bounds": [0, 1]})
+    data["actions"].append({"name": "c", "targets": ["idle"], "bounds": [0, 1]})
+    path.write_text(yaml.safe_dump({**data, "policy": {"name": "random"}}))
+    capsys.readouterr()
     assert main(["validate", str(path)]) == 1
     captured = capsys.readouterr()
-    lines = [line for line in captured.out.splitlines() if "nodes[1].parents" in line]
+    lines = [line for line in captured.out.splitlines() if "nodes[3]" in line]
     assert len(lines) == 1
-    assert "array nodes ['temps'] feed only the reward" in lines[0]
-    assert "not supported" in lines[0]
+    assert "the array node 'idle' feeds nothing" in lines[0]
     assert "Traceback" not in captured.out + captured.err
