@@ -33,7 +33,8 @@ What touches the store runs in worker threads, each experiment's calls one at a 
 driver awaits each), so the event loop only routes, counts and publishes. Hyperparameter
 refits run as in `AgentService` (`agent.refits`): in the replica's one fit process, a job per
 experiment at a time, installed by the experiment's driver between batches; a job under way
-is ended when the replica lets go of the experiment. Inline, each refit ran inside the batch
+finishes in the fit process when the replica lets go of the experiment (its
+result is dropped; the other experiments' fits go on). Inline, each refit ran inside the batch
 that made it due, holding the interpreter lock the other experiments' drivers and the event
 loop need (at 100 experiments most of a replica's CPU, docs/benchmarks.md).
 """
@@ -441,7 +442,10 @@ class FleetService(AgentService):
         if self.background_refits:
             wake = _Incoming("refitted", None)
             self.refits[name] = BackgroundRefits(
-                exp, lambda inbox=inbox, wake=wake: self._offer(inbox, wake), self._fit_worker
+                exp,
+                lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                self._fit_worker,
+                keep_worker=True,  # letting go of one experiment ends no other's fit
             )
         self.metrics.register_experiment(name)
         self.taken.append((name, lease.epoch, time.time()))
@@ -498,7 +502,7 @@ class FleetService(AgentService):
                 refits = self.refits.get(name)
                 if refits is not None and refits.exp is exp:  # not a later owner's of it
                     del self.refits[name]
-                    await refits.close()  # a fit under way for it is ended
+                    await refits.close()
 
     async def _take_over(self, exp: Experiment) -> None:
         """Re-publish, with this replica's epoch, every round `unanswered` returns: the device
@@ -544,7 +548,7 @@ class FleetService(AgentService):
             mine.task.cancel()
         refits = self.refits.pop(name, None)
         if refits is not None:
-            await refits.close()  # a fit under way for it is ended
+            await refits.close()  # a fit under way for it finishes; its result is dropped
         self.dropped.append((name, why, time.time()))
         log.info("fleet.dropped", experiment=name, why=why, epoch=mine.lease.epoch)
         async with self._subscriptions:
