@@ -48,8 +48,10 @@ def test_the_config_reads_cbo_device():
         load_config(environ={"CBO_DEVICE": ABSENT})
 
 
-@pytest.mark.parametrize("benchmark", ["gp-update", "regret", "decision", "ingest", "fleet"])
-def test_every_benchmark_refuses_an_absent_device_in_one_line(benchmark, capsys):
-    assert main(["bench", benchmark, "--device", ABSENT]) == 2
+# `command`, not `benchmark`: pytest-benchmark (installed beside torch on the GPU machines)
+# owns a fixture of that name and aborts the session on a parameter that shadows it.
+@pytest.mark.parametrize("command", ["gp-update", "regret", "decision", "ingest", "fleet"])
+def test_every_benchmark_refuses_an_absent_device_in_one_line(command, capsys):
+    assert main(["bench", command, "--device", ABSENT]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"cbo-agent bench {benchmark}: error: --device:") and "\n" not in err
+    assert err.startswith(f"cbo-agent bench {command}: error: --device:") and "\n" not in err

@@ -176,6 +176,57 @@ def test_the_append_reads_each_surprise_and_breakdown_like_the_blas_route(route)
             assert ours[1][member] == theirs[1][member]
 
 
+def _two_members(device: torch.device, noise: float | None) -> IncrementalGP:
+    bounds = torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64).expand(2, 2, 2)
+    config = GPConfig(noise_variance=noise, refit_every=None, misfit_z=None, drift_tolerance=1e9)
+    model = IncrementalGP(bounds.to(device), config)
+    model.set_hyperparameters(lengthscale=torch.full((2, 2), 0.5), outputscale=1.0)
+    return model
+
+
+def _rows() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Six (x, y) rows for both members, then row 2's input again with another output."""
+    xs = torch.stack([torch.linspace(0.1, 0.9, 6), torch.linspace(0.8, 0.2, 6)], dim=-1)
+    xs = xs.to(torch.float64).unsqueeze(0).expand(2, 6, 2)
+    ys = torch.sin(6 * xs).sum(-1) * torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    rows = [(xs[:, i], ys[:, i]) for i in range(6)]
+    return [*rows, (xs[:, 2], ys[:, 2] + 0.05)]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_pivot_far_below_zero_is_caught_and_rebuilt_on_every_route(route):
+    """A factor that no longer matches its kernel matrix — member 0's halved, as accumulated
+    rounding would leave it, only further — makes the next pivot² of a repeated input about
+    1.01 − 4·0.99 < 0: a breakdown by construction, not by rounding, which every route must
+    flag. Member 0 is rebuilt from its rows (with jitter) and then equals an uncorrupted model
+    whose noise includes that jitter; member 1 is left alone."""
+    rows = _rows()
+    with on_route(route) as device:
+        model = _two_members(device, noise=1e-2)
+        for x, y in rows[:6]:
+            model.learn_one(x.to(device), y.to(device))
+        model._buffers.factor[0, :6, :6] *= 0.5  # L·Lᵀ = (K + σ²I)/4 for member 0
+        x, y = rows[6]
+        report = model.learn_one(x.to(device), y.to(device))
+        jitter = model.jitter.cpu()
+        assert jitter[0] > 0 and jitter[1] == 0, "member 0 broke down, member 1 did not"
+        assert torch.isfinite(report.surprise[1].cpu())
+        assert model.num_rows.cpu().tolist() == [7, 7]
+
+        clean = _two_members(device, noise=None)
+        clean.set_hyperparameters(noise=(model.noise + model.jitter).cpu())
+        for x, y in rows:
+            clean.learn_one(x.to(device), y.to(device))
+        probe = torch.rand(2, 5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        ours = model.posterior(probe.to(device))
+        theirs = clean.posterior(probe.to(device))
+    rtol = 1e-8 if route != "cuda" else CUDA_RTOL
+    for name in ("mean", "variance"):
+        torch.testing.assert_close(
+            getattr(ours, name).cpu(), getattr(theirs, name).cpu(), rtol=rtol, atol=1e-10
+        )
+
+
 @pytest.mark.cuda
 @CUDA
 def test_the_cuda_append_never_synchronizes_with_the_host():
