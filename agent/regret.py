@@ -158,9 +158,9 @@ def _mixed_rollout(
     and a node a candidate intervenes on takes that action's value in its column.
 
     The same draws as one `NetworkModel.rollout` per target set (`set_actions`), with one
-    posterior evaluation per node instead of one per node and target set: what a posterior
-    costs at these sizes is its fixed cost (tens of torch calls), so this is the regret
-    estimate's cost divided by about the number of target sets."""
+    posterior evaluation per node instead of one per node and target set, each at the rows
+    the per-set rollouts would ask (a node is not asked where a candidate sets it): at these
+    sizes much of a posterior's cost is fixed (tens of torch calls)."""
     names = model.action_names
     setting: dict[str, tuple[int, torch.Tensor]] = {}  # node -> (action column, (K,) set mask)
     for name in names:
@@ -174,11 +174,18 @@ def _mixed_rollout(
             values[node] = actions[..., column[0]]  # every candidate sets it: no GP needed
             continue
         inputs = model.node_inputs_at(node, actions, values)
-        mean, std = model.node_posterior(node, inputs)
-        drawn = sample(NodeQuery(node, inputs, mean, std, model.noise_std(node)))
-        if column is not None:
-            drawn = torch.where(column[1], actions[..., column[0]], drawn)
-        values[node] = drawn
+        if column is None:
+            mean, std = model.node_posterior(node, inputs)
+            values[node] = sample(NodeQuery(node, inputs, mean, std, model.noise_std(node)))
+            continue
+        # asked only where no candidate sets it (as many rows as the per-set rollouts ask)
+        free = (~column[1]).nonzero().squeeze(-1)
+        asked = inputs.index_select(-2, free)
+        mean, std = model.node_posterior(node, asked)
+        drawn = sample(NodeQuery(node, asked, mean, std, model.noise_std(node)))
+        full = actions[..., column[0]].expand((*drawn.shape[:-1], len(candidates))).clone()
+        full[..., free] = drawn
+        values[node] = full
     if model.reward_function is not None:
         values[model.reward_node] = model.compose(values, actions)
     return values[model.reward_node]
