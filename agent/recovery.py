@@ -19,7 +19,6 @@ from agent.rounds import OPEN_STATUSES, LiveRound, RoundStatus
 from agent.timers import ack_window
 from connectors.schemas import Action
 from connectors.store import RoundRow, Snapshot
-from core.gp.bounded import BoundedGP
 
 if TYPE_CHECKING:
     from agent.experiment import Experiment
@@ -67,9 +66,9 @@ def recover(exp: Experiment) -> None:
     published = [row.proposed_at for row in rows if row.attempt > 0]
     if published:  # the rate limit holds across restarts (a crash loop must not flood)
         exp.last_publish_at = exp.tick_of(max(published))
-    _resume_bounded(exp)
+    resumed = _resume_kept_rows(exp)
     readings = _replay_readings(exp)
-    snapshot = _load_snapshot(exp)
+    snapshot = _load_snapshot(exp, load=not resumed)
     for oracle in exp.store.oracles(exp.name):
         # stored by an agent that did not check them yet: the same checks as a live message
         problem = join.oracle_problem(exp, oracle.expected_reward, oracle.optimum)
@@ -170,23 +169,31 @@ def _replay_readings(exp: Experiment) -> int:
     return len(readings)
 
 
-def _resume_bounded(exp: Experiment) -> None:
-    """A bounded model (`model.capacity`) starts from the rows the last snapshot kept, and the
+def _resume_kept_rows(exp: Experiment) -> bool:
+    """A model whose rows depend on the hyperparameters of the moment — a budget
+    (`model.capacity`) or a change detector (`model.change`) — starts from the rows the last
+    snapshot kept, its counts and its change test (each node's CUSUM statistic), and the
     replay skips the readings those rows stand for: the replay then rebuilds the very state
-    the agent had (its budget was chosen with the hyperparameters of that snapshot), where a
-    replay of every reading from scratch would choose with the initial ones."""
+    the agent had (its budget chosen, its changes dated with the hyperparameters of that
+    snapshot), where a replay of every reading from scratch would choose with the initial
+    ones and start each node's test again. True when the model was resumed from a snapshot
+    (the replay then continued it: loading the snapshot again after it would set its refit
+    schedule back by the readings replayed since)."""
     gp = exp.model.gp
-    if not isinstance(gp, BoundedGP):
-        return
+    if gp is None or not gp.carries_rows:
+        return False
     snapshot = exp.store.latest_snapshot(exp.name)
-    if snapshot is not None:
-        gp.resume({k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()})
+    if snapshot is None:
+        return False
+    gp.resume({k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()})
+    return True
 
 
-def _load_snapshot(exp: Experiment) -> Snapshot | None:
-    """Restore the GP state of the last snapshot (hyperparameters, standardization), if any."""
+def _load_snapshot(exp: Experiment, *, load: bool = True) -> Snapshot | None:
+    """Restore the GP state of the last snapshot (hyperparameters, standardization), if any
+    (with `load` False only return it: the model was resumed from it)."""
     snapshot = exp.store.latest_snapshot(exp.name)
-    if snapshot is not None:
+    if snapshot is not None and load:
         state = {k: torch.from_numpy(v.copy()) for k, v in snapshot.arrays.items()}
         exp.model.gp.load_state(state)
     return snapshot

@@ -300,15 +300,21 @@ def _stream(args: argparse.Namespace) -> int:
         print("cbo-agent bench stream: error: --budget needs a --capacity at least as large",
               file=sys.stderr)  # fmt: skip
         return 2
-    stream.run(
-        args.rounds,
-        args.json,
-        capacity=args.capacity,
-        budget=args.budget,
-        batch=args.nodes,
-        dim=args.dim,
-        refits=not args.no_refits,
-    )
+    try:
+        stream.run(
+            args.rounds,
+            args.json,
+            capacity=args.capacity,
+            budget=args.budget,
+            batch=args.nodes,
+            dim=args.dim,
+            refits=not args.no_refits,
+            resume=args.resume,
+            stop_after=args.stop_after,
+        )
+    except stream.ResumeError as error:
+        print(f"cbo-agent bench stream: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -363,6 +369,14 @@ def _add_stream(which: argparse._SubParsersAction) -> None:
     stream.add_argument("--dim", type=positive_int, default=3, help="inputs per node (default 3)")
     stream.add_argument("--no-refits", action="store_true", help="do not time refits")
     stream.add_argument("--json", type=Path, help="write the checkpoints as JSON here")
+    stream.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run of --json from its last checkpoint (its settings, its state)",
+    )
+    stream.add_argument(
+        "--stop-after", type=positive_int, help="end at the first checkpoint at or past this"
+    )
     stream.set_defaults(handler=_stream)
 
 

@@ -1,6 +1,7 @@
 """Decision time of the parameter-vector policies against D (paper 000's experiments).
 
-`python -m bench.decision_additive [--dims 20 50 100 500] [--observations 200] [--repeats 5]`
+`python -m bench.decision_additive [--dims 20 50 100 500] [--observations 200] [--repeats 5]
+[--threads 1]`
 
 For each D: the dependency graph of `sim.additive_er` (an Erdős–Rényi graph, mean degree 1.5)
 and `observations` random rounds of its function, learned by a `NetworkModel`. Then, with the
@@ -11,13 +12,15 @@ policies interleaved, `repeats` timed decisions each:
              every `refit_every` rounds;
   cmaes      one CMA-ES proposal;
   gpucb      the full-dimensional GP-UCB (skipped above `--gpucb-max-dim`).
-Reported: median, min and max seconds per decision, on this machine, one torch thread.
+Reported: median, min and max seconds per decision, on this machine, with `--threads` torch
+threads (1 by default; 2 is the service's 2-core machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -75,6 +78,12 @@ def measure(dim: int, observations: int, repeats: int, gpucb_max_dim: int) -> di
         for name, policy in policies.items():
             times[name].append(_timed(lambda p=policy: p.propose(model, Constraints(), rng)))
         times["refit"].append(_timed(ucb.gp.fit))
+        print(  # each repeat as it ends, so that a run cut short still says something
+            f"D={dim} repeat {len(times['refit'])}: "
+            + ", ".join(f"{name} {values[-1]:.3f} s" for name, values in times.items()),
+            file=sys.stderr,
+            flush=True,
+        )
     times["groups"] = [len(groups), max(len(x) for x in groups)]
     return times
 
@@ -85,9 +94,13 @@ def main() -> None:
     parser.add_argument("--observations", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--gpucb-max-dim", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"observations={args.observations} repeats={args.repeats} (seconds per decision)")
+    torch.set_num_threads(args.threads)
+    print(
+        f"observations={args.observations} repeats={args.repeats} threads={args.threads} "
+        "(seconds per decision)"
+    )
     print("| D | groups (largest) | policy | median s | min s | max s |")
     print("|---|---|---|---|---|---|")
     for dim in args.dims:

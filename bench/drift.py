@@ -16,6 +16,12 @@ the dynamic cumulative regret Σ_t f_t(a*_t) − f_t(a_t), exact from the oracle
 μ + √β·σ with β = 2·log(|candidates|·t²·π²/(6·0.1)) / 5 (the GP-UCB schedule of Srinivas et al.
 scaled down, as practical GP-UCB does), maximized over 512 uniform random candidates and 64
 perturbations (std 0.02 of the box) of the best observed input, redrawn each round.
+
+An environment whose actions are constrained beyond their box (`sim.sir`'s dose budget: it
+has `feasible` and `random_feasible`) gets candidates from its feasible set only: the uniform
+ones and the random first rounds from `random_feasible`, the perturbations kept where
+`feasible`; its optimum is the best feasible action, so a round's regret is never negative.
+Each run counts the rounds whose action broke the constraint (`infeasible`, 0 by this).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.console import Console
 
@@ -52,6 +59,7 @@ class Run:
     rounds: int
     regret: float  # cumulative (dynamic) regret
     seconds: float
+    infeasible: int = 0  # rounds whose action broke the environment's constraint
 
 
 def _model(name: str, actions: int, noise: float | None, options: dict[str, int]):
@@ -83,23 +91,38 @@ def run_one(env_name: str, model: str, seed: int, rounds: int, options: dict[str
     gen = torch.Generator().manual_seed(seed)
     sim = torch.Generator().manual_seed(10_000 + seed)
     temporal = isinstance(gp, TemporalGP)
+    # a constraint beyond the box (a budget): candidates from the feasible set only
+    constrained = hasattr(env, "feasible") and hasattr(env, "random_feasible")
+    feasible_rng = np.random.default_rng(seed)
+
+    def uniform(num: int) -> torch.Tensor:
+        if not constrained:
+            return torch.rand(num, len(names), dtype=torch.float64, generator=gen)
+        x = torch.from_numpy(env.random_feasible(num, feasible_rng)).to(torch.float64)
+        return ((x - low) / span).clamp(0.0, 1.0)
+
     best_u: torch.Tensor | None = None
-    regret, started = 0.0, time.perf_counter()
+    regret, infeasible, started = 0.0, 0, time.perf_counter()
     for t in range(rounds):
         system = env.at(t) if hasattr(env, "at") else env
         if t < options["initial"]:
-            u = torch.rand(len(names), dtype=torch.float64, generator=gen)
+            u = uniform(1)[0]
         else:
-            cand = torch.rand(512, len(names), dtype=torch.float64, generator=gen)
+            cand = uniform(512)
             if best_u is not None:
                 local = best_u + 0.02 * torch.randn(
                     64, len(names), dtype=torch.float64, generator=gen
                 )
-                cand = torch.cat((cand, local.clamp(0.0, 1.0)))
+                local = local.clamp(0.0, 1.0)
+                if constrained:
+                    local = local[env.feasible(low + span * local)]
+                cand = torch.cat((cand, local))
             post = gp.posterior(cand[None], t) if temporal else gp.posterior(cand[None])
             beta = 2.0 * math.log(cand.shape[0] * (t + 1) ** 2 * math.pi**2 / 0.6) / 5.0
             score = post.mean[0] + math.sqrt(beta) * post.variance[0].clamp_min(0).sqrt()
             u = cand[int(torch.argmax(score))]
+        if constrained and not bool(env.feasible(low + span * u)):
+            infeasible += 1
         action = {name: float(v) for name, v in zip(names, low + span * u, strict=True)}
         y = system.step(action, sim)[env.reward_node]
         regret += system.optimum.value - system.expected_reward(action)
@@ -112,7 +135,8 @@ def run_one(env_name: str, model: str, seed: int, rounds: int, options: dict[str
             post = gp.posterior(held[None], t + 1) if temporal else gp.posterior(held[None])
             k = int(torch.argmax(post.mean[0]))
             best_u = held[k].clone()
-    return Run(env_name, model, seed, rounds, regret, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Run(env_name, model, seed, rounds, regret, seconds, infeasible)
 
 
 def _save(

@@ -10,11 +10,21 @@ rebuild) takes — the work the agent runs beside its event loop.
 The readings: inputs uniform in the unit cube half of the time and within 0.05 of a fixed point
 the other half (a policy that has found its optimum keeps reading around it), outputs a smooth
 function plus noise of std 0.1.
+
+A long run goes in pieces: with `--json PATH` the model's state (`IncrementalGP.state`: the
+kept rows, hyperparameters and counts) is written beside it (PATH with the suffix
+`.state.npz`) at every checkpoint, and `--resume` continues the run of PATH from its last
+checkpoint in a new process — its settings from the JSON, the readings regenerated from the
+seed, the model resumed from the state — so a run cut off by a time limit loses only the
+readings since its last checkpoint. `--stop-after N` ends a piece at the first checkpoint at
+or past N. Resident memory is the process's: a resumed piece starts from a fresh process, so
+the JSON lists where each piece began (`resumed_at`).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import statistics
@@ -22,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import psutil
 import torch
 from rich.console import Console
@@ -30,7 +41,30 @@ from bench.report import machine_info, print_table, progress_bar, wide_console, 
 from core.gp import GPConfig
 from core.gp.bounded import BoundedGP, make_gp
 
-__all__ = ["Checkpoint", "checkpoints", "run"]
+__all__ = ["Checkpoint", "ResumeError", "checkpoints", "run", "state_path"]
+
+
+class ResumeError(ValueError):
+    """A run cannot be resumed (no JSON or state, or a finished run)."""
+
+
+def state_path(json_path: Path) -> Path:
+    """Where the model's state of the run written to `json_path` is kept."""
+    return json_path.with_suffix(".state.npz")
+
+
+def _save_state(path: Path, gp, n: int) -> None:
+    """The model after n readings per node, written whole or not at all (numeric arrays)."""
+    arrays = {k: v.detach().cpu().numpy() for k, v in gp.state().items()}
+    partial = path.with_name(path.name + ".partial.npz")
+    np.savez(partial, n=np.array(n), **arrays)
+    os.replace(partial, path)
+
+
+def _load_state(path: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files}
+    return int(arrays.pop("n")), arrays
 
 
 @dataclass
@@ -86,6 +120,7 @@ def _save(
     seconds: float,
     flat: dict[str, float],
     rows: list[Checkpoint],
+    extra: dict,
 ) -> None:
     write_json(
         path,
@@ -100,6 +135,7 @@ def _save(
             "seconds": seconds,
             "flat_after_budget": flat,
             "checkpoints": [asdict(r) for r in rows],
+            **extra,
         },
     )
 
@@ -120,23 +156,45 @@ def run(
     refits: bool = True,
     seed: int = 0,
     console: Console | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
 ) -> list[Checkpoint]:
-    """Feed `rounds` readings per node; print the checkpoints and save them as JSON."""
+    """Feed `rounds` readings per node; print the checkpoints and save them as JSON (and the
+    model's state beside it). With `resume`, continue the run saved at `json_path` (its
+    settings replace the arguments); with `stop_after`, end at the first checkpoint at or past
+    it."""
     console = console or wide_console()
     torch.set_num_threads(1)  # as the agent's event loop: one thread, the refits beside it
+    rows: list[Checkpoint] = []
+    start, spent_before, resumed_at = 0, 0.0, []
+    state: dict[str, torch.Tensor] | None = None
+    if resume:
+        if json_path is None or not json_path.exists() or not state_path(json_path).exists():
+            raise ResumeError("--resume needs the --json file of a run and its .state.npz")
+        saved = json.loads(json_path.read_text())
+        rounds, batch, dim = saved["rounds"], saved["batch"], saved["dim"]
+        capacity, budget, seed = saved["capacity"], saved["budget"], saved.get("seed", 0)
+        refits, spent_before = saved.get("refits", refits), saved["seconds"]
+        start, state = _load_state(state_path(json_path))
+        rows = [Checkpoint(**c) for c in saved["checkpoints"] if c["n"] <= start]
+        resumed_at = [*saved.get("resumed_at", []), start]
+        if start >= rounds:
+            raise ResumeError(f"the run in {json_path} is finished ({rounds} readings)")
     bounds = torch.tensor([[0.0, 1.0]] * dim, dtype=torch.float64).expand(batch, dim, 2)
     config = GPConfig(
         capacity=capacity, budget=budget, refit_every=None, misfit_z=None, noise_variance=0.01
     )
     gp = make_gp(bounds, config)
+    if state is not None:
+        gp.resume(state, replay=False)
+    extra = {"seed": seed, "refits": refits, "resumed_at": resumed_at}
     x, y = _readings(rounds, batch, dim, seed)
     marks = checkpoints(rounds, capacity)
-    rows: list[Checkpoint] = []
     times: list[float] = []
     started = time.perf_counter()
     with progress_bar(console) as progress:
-        task = progress.add_task("stream", total=rounds)
-        for t in range(rounds):
+        task = progress.add_task("stream", total=rounds, completed=start)
+        for t in range(start, rounds):
             tick = time.perf_counter()
             gp.learn_one(x[t], y[t])
             times.append(time.perf_counter() - tick)
@@ -160,10 +218,14 @@ def run(
                 )
                 times = []
                 if json_path is not None:  # at every checkpoint: a cut-off run keeps its rows
-                    spent = time.perf_counter() - started
-                    _save(json_path, rounds, batch, dim, capacity, budget, spent, {}, rows)
+                    spent = spent_before + time.perf_counter() - started
+                    _save(json_path, rounds, batch, dim, capacity, budget, spent, {}, rows, extra)
+                    _save_state(state_path(json_path), gp, t + 1)
+                if stop_after is not None and t + 1 >= stop_after and t + 1 < rounds:
+                    console.print(f"stopped after {t + 1} readings per node: --resume goes on")
+                    return rows
             progress.advance(task)
-    elapsed = time.perf_counter() - started
+    elapsed = spent_before + time.perf_counter() - started
     # checkpoints whose whole window of readings came after the node settled at its budget
     settled = [
         r
@@ -184,6 +246,6 @@ def run(
             "(target: within 1.2)".format(flat["rss_mb"], flat["update_p99_ms"])
         )
     if json_path is not None:
-        _save(json_path, rounds, batch, dim, capacity, budget, elapsed, flat, rows)
+        _save(json_path, rounds, batch, dim, capacity, budget, elapsed, flat, rows, extra)
         console.print(f"results: {json_path}")
     return rows

@@ -510,7 +510,9 @@ class ModelSpec(_Strict):
         default=None,
         description="A change detector over each node's standardized predictive residuals "
         "(`core.gp.change`): on an alarm the node forgets its readings from before the change "
-        "and refits. null: none (a misfit still makes a refit due).",
+        "and refits. Each node's test (its statistic, warmup and alarms) and the rows it kept "
+        "are in the model snapshot, so a restart continues them. null: none (a misfit still "
+        "makes a refit due).",
     )
 
     @model_validator(mode="after")

@@ -136,10 +136,14 @@ class Policy(ABC):
             )
         limited = spec.parameters is not None and spec.constraints.max_interventions is not None
         if limited and not self.handles_block_limits:
+            from policies.registry import policy_classes  # the registry imports this module
+
             raise ValueError(
                 f"{self.name}: does not keep a limit on the blocks of θ changed per round "
                 "(constraints.max_interventions with parameters); policies that do: "
-                "random, addgpucb"
+                + ", ".join(
+                    sorted(c.name for c in policy_classes().values() if c.handles_block_limits)
+                )
             )
         drifting = [
             f"model.{name}"

@@ -7,6 +7,13 @@ them one by one, and once every candidate's reward is in the history the strateg
 without a reward is proposed again after the generation's others. The strategy starts at the
 best point observed so far (the centre of the box without data) with step size `sigma0`.
 
+Under a block limit (`constraints.max_interventions` with a `parameters` vector: at most k blocks
+of θ changed from its default), every candidate the strategy asks for is projected onto the
+admissible set before it is played — its k blocks that moved farthest from the default kept, the
+others set back to it (`policies._blocks.nearest_units`) — and the strategy is told the projected
+candidates, the points actually played (pycma takes solutions other than the ones it asked for,
+a repair, and bounds their Mahalanobis length itself).
+
 The strategy's state lives in this object: after a restart of the agent a new strategy starts
 from the best observed point, which loses the covariance learned before (the history itself is
 kept by the agent and seeds the start).
@@ -26,6 +33,7 @@ from pydantic import Field
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
 from policies._additive_ucb import action_bounds, check_parameter_experiment
+from policies._blocks import keep_units, nearest_units
 from policies.base import (
     Constraints,
     NothingAffordable,
@@ -53,6 +61,7 @@ class CMAESPolicy(Policy):
 
     name = "cmaes"
     Settings = CMAESSettings
+    handles_block_limits = True  # each candidate projected onto the admissible set
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(spec, settings)
@@ -61,6 +70,7 @@ class CMAESPolicy(Policy):
         self.dim = len(spec.action_names)
         self._strategy: cma.CMAEvolutionStrategy | None = None
         self._generation: list[np.ndarray] = []  # unit-cube candidates of the generation
+        self._limit: int | None = None  # blocks of θ a candidate may change (None: no limit)
         self.generations = 0
 
     def _unit(self, values: torch.Tensor) -> np.ndarray:
@@ -68,9 +78,22 @@ class CMAESPolicy(Policy):
         return ((values - lower) / span).numpy()
 
     def _declared(self, unit: np.ndarray) -> list[float]:
+        """Declared values of a unit-cube candidate; under a block limit the units it leaves
+        alone hold the default exactly (not its round trip through the unit cube)."""
         lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
         clipped = torch.tensor(np.clip(unit, 0.0, 1.0), dtype=torch.float64)
-        return (lower + clipped * span).tolist()
+        values = (lower + clipped * span).tolist()
+        if self._limit is None:
+            return values
+        return keep_units(self.spec, values, nearest_units(self.spec, values, self._limit))
+
+    def _ask(self) -> list[np.ndarray]:
+        """The next generation, each candidate projected onto the block limit (if any)."""
+        assert self._strategy is not None
+        asked = list(self._strategy.ask())
+        if self._limit is None:
+            return asked
+        return [self._unit(torch.tensor(self._declared(x), dtype=torch.float64)) for x in asked]
 
     def _key(self, values) -> tuple[float, ...]:
         return tuple(round(float(v), 9) for v in values)
@@ -92,19 +115,20 @@ class CMAESPolicy(Policy):
         self._strategy = cma.CMAEvolutionStrategy(
             np.clip(x0, 0.0, 1.0), self.settings.sigma0, options
         )
-        self._generation = list(self._strategy.ask())
+        self._generation = self._ask()
 
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
         if self._strategy is None:
+            self._limit = constraints.max_blocks
             self._start(model)
         assert self._strategy is not None
         rewards, played = self._rewards(model)
         if all(r is not None for r in rewards):
             self._strategy.tell(self._generation, [-float(r) for r in rewards])
             self.generations += 1
-            self._generation = list(self._strategy.ask())
+            self._generation = self._ask()
             rewards, played = self._rewards(model)
         missing = [k for k, r in enumerate(rewards) if r is None]
         unplayed = [k for k in missing if self._keys[k] not in played]

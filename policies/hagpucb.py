@@ -9,22 +9,52 @@ once every other point is played), so an expired round or a restart loses nothin
 
 Then the summed Hessian estimates are thresholded at c_h (`core.structure.cutoff` when the
 reward node's `noise_std` is known, else the same formula with the noise estimated from the
-estimates themselves: the dependency graph is sparse, so the median |Σ Ĥ_ab| over all pairs is
-a non-edge's, 0.6745 of the noise's standard deviation), at most `max_edges` edges are kept (the
-largest), and the groups are the maximal cliques. Phase 2 is `policies._additive_ucb` on them,
-with every round played so far (phase 1 included) in its GP.
+estimates themselves: the dependency graph is sparse, so the median |Σ Ĥ_ab| over the pairs
+queried is a non-edge's, 0.6745 of the noise's standard deviation), at most `max_edges` edges
+are kept (the largest), and the groups are the maximal cliques. Phase 2 is
+`policies._additive_ucb` on them, with every round played so far (phase 1 included) in its GP.
 
-The zeroth-order Hessian replaces the paper's surrogate ∂²π/∂θ² (which needs a differentiable
-policy on the agent's side); it costs D²/2 episodes per base point, so it suits D up to a few
-tens — at D = 50 one stencil is 1,276 rounds.
+The zeroth-order Hessian costs D²/2 episodes per base point, so it suits D up to a few tens — at
+D = 50 one stencil is 1,276 rounds. Under a block limit (`constraints.max_interventions` with
+the `parameters` vector: at most k blocks of θ changed from its default per round) every stencil
+is centred at the default θ, each coordinate stepping up, or down where a step up would leave
+its box, so the base changes no block, a single step one, a pair at most two; with k = 1 only
+the pairs inside one block are queried (those across blocks would change two) and the entries
+across blocks stay 0: no edge joins two blocks. The T0 base points are then all the default
+(T0·C1 plays of one stencil).
+
+**The surrogate Hessian (paper 000's own phase 1, its Sec. 4.5).** With `controller` set (the
+name of a differentiable controller the devices run, `policies._controllers`), phase 1 plays no
+episode: the agent computes H_π = ∂²π/∂θ_a∂θ_b of the policy's output on its own copy of the
+controller (`core.structure.surrogate_hessian`, `torch.func.hessian`; the HOM policies in the
+relaxation the paper uses for this phase only, Sinkhorn–Knopp role assignment and sigmoid
+role-interaction edges). T0 points θ are drawn uniformly in the box (seeded by
+`initial_design.seed`), each queried C1 times, a query being the mean of Σ_k |∂²π_k| over
+`states` states. The states are drawn, seeded, from `states_file` (a `.npy` array (S, agents,
+obs) of states the devices visited, recorded by them and handed to the agent with the spec) or,
+without one, uniformly in the controller's box of typical observations. The protocol carries θ
+to the devices and returns scalars and reward fields; it has no channel for the states an
+episode visited, so the agent does not receive them round by round (docs/protocol.md,
+"Parameter vectors"). H_π has no observation noise, so c_h is relative: the entries above
+`tolerance` × the largest summed entry are edges (the paper "kept all detected edges"; a
+structural zero is an exact 0 of the autodiff), then the `max_edges` cap. A saturated unit
+(tanh of a large input) has a vanishing curvature: its edges fall under any cut-off at those
+states, so the states should be typical ones, and more of them (`states`, `c1`) or more θ
+(`t0`) help. The Hessian is taken in the unit cube of the bounds, like the stencils'.
+The whole of phase 1 then runs inside the first decision (the HOM's 414 parameters: 32 s for the
+default 4 states in one unlocked trial at load 5 on the 2-core machine, the Hessian dense: 84,255
+of its 85,491 pairs nonzero, so the cap decides) and every round is a round of phase 2.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -32,12 +62,15 @@ from core.network import NetworkModel
 from core.spec import ExperimentSpec
 from core.structure import (
     MAX_EDGES,
+    Pairs,
     Structure,
+    all_pairs,
     cutoff,
     hessian_from_stencil,
     stencil,
     stencil_size,
     structure_from_hessian,
+    surrogate_hessian,
 )
 from policies._additive_ucb import (
     AdditiveUCB,
@@ -45,16 +78,23 @@ from policies._additive_ucb import (
     action_bounds,
     check_parameter_experiment,
 )
+from policies._controllers import Controller, controller
 from policies.base import Constraints, NothingAffordable, Policy, Proposal, intervention_cost
 
 _MAD = 0.6745  # median |N(0, 1)|
 
 
 class HAGPUCBSettings(AdditiveUCBSettings):
-    """HA-GP-UCB settings: phase 1's stencils and cut-off, then additive GP-UCB's."""
+    """HA-GP-UCB settings: phase 1's stencils or surrogate and cut-off, then additive GP-UCB's."""
 
-    t0: int = Field(default=1, ge=1, description="T0: base points of phase 1.")
-    c1: int = Field(default=1, ge=1, description="C1: plays of each base point's stencil.")
+    t0: int = Field(
+        default=1, ge=1, description="T0: base points of phase 1 (surrogate: the points θ drawn)."
+    )
+    c1: int = Field(
+        default=1,
+        ge=1,
+        description="C1: plays of each base point's stencil (surrogate: queries per θ).",
+    )
     step: float = Field(
         default=0.3,
         gt=0,
@@ -70,13 +110,36 @@ class HAGPUCBSettings(AdditiveUCBSettings):
         description="At most this many edges (the largest |Σ Ĥ|) are kept; the paper's additive "
         "GP stayed tractable up to about 1,500.",
     )
+    controller: str | None = Field(
+        default=None,
+        description="The differentiable controller the devices run (an environment's name, "
+        "e.g. mpe-tag-hom): phase 1 is then its surrogate Hessian ∂²π/∂θ², no episodes. "
+        "null: finite differences of the reward.",
+    )
+    states: int = Field(
+        default=4, ge=1, le=1024, description="Surrogate Hessian: states per query."
+    )
+    states_file: str | None = Field(
+        default=None,
+        description="Surrogate Hessian: a .npy array (S, agents, obs) of states the devices "
+        "visited, drawn from for the queries (a path relative to the agent's working "
+        "directory). null: uniform in the controller's state box.",
+    )
+    tolerance: float = Field(
+        default=1e-12,
+        gt=0,
+        lt=1,
+        description="Surrogate Hessian: the cut-off c_h as a fraction of the largest summed entry.",
+    )
 
 
 class HAGPUCBPolicy(Policy):
-    """Hessian-aware additive GP-UCB with zeroth-order structure learning."""
+    """Hessian-aware additive GP-UCB: the structure from finite differences of the reward, or
+    from the surrogate Hessian of the devices' controller."""
 
     name = "hagpucb"
     Settings = HAGPUCBSettings
+    handles_block_limits = True  # phase 1 within it (module docstring), phase 2 greedy
 
     def __init__(self, spec: ExperimentSpec, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(spec, settings)
@@ -85,24 +148,88 @@ class HAGPUCBPolicy(Policy):
         self.bounds = action_bounds(spec)
         self.structure: Structure | None = None
         self._ucb: AdditiveUCB | None = None
-        self._points = self._phase_one_points()  # (T0·C1·Q, D) declared units, in play order
+        self.controller: Controller | None = None
+        self._states: torch.Tensor | None = None  # the recorded states, (S, agents, obs)
+        self._pairs: Pairs = all_pairs(self.dim)
+        self._directions: torch.Tensor | None = None
+        self._phase_one_facts: dict[str, Any] = {}  # phase 1's timing, for the first proposal
+        if self.settings.controller is not None:
+            self.controller, self._states = self._surrogate_setup()
+            self._points = torch.zeros(0, self.dim, dtype=torch.float64)  # no episodes
+        else:
+            self._points = self._phase_one_points()  # (T0·C1·Q, D) declared, in play order
         self._keys = [self._key(p) for p in self._points.tolist()]
 
     @property
     def phase_one_rounds(self) -> int:
-        """Episodes of phase 1: T0 · C1 · (1 + D + D(D−1)/2)."""
+        """Episodes of phase 1: T0 · C1 · (1 + D + the pairs queried); 0 with a controller."""
         return int(self._points.shape[0])
+
+    def _surrogate_setup(self) -> tuple[Controller, torch.Tensor | None]:
+        """The controller and the recorded states; a user mistake is a ValueError naming it."""
+        s = self.settings
+        assert s.controller is not None
+        try:
+            found = controller(s.controller)
+        except KeyError as error:
+            raise ValueError(f"{self.name}: policy.settings.{error.args[0]}") from None
+        if found.dim != self.dim:
+            raise ValueError(
+                f"{self.name}: policy.settings.controller: {found.name} has {found.dim} "
+                f"parameters, the spec's θ {self.dim}"
+            )
+        if s.states_file is None:
+            return found, None
+        path = Path(s.states_file)
+        try:
+            states = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ValueError(
+                f"{self.name}: policy.settings.states_file: cannot read {path}: {error}"
+            ) from None
+        shape = (found.agents, found.obs)
+        if states.ndim != 3 or states.shape[1:] != shape or states.shape[0] < 1:
+            raise ValueError(
+                f"{self.name}: policy.settings.states_file: {path} holds an array of shape "
+                f"{list(states.shape)}, not [S, {shape[0]}, {shape[1]}]"
+            )
+        if not np.isfinite(states).all():
+            raise ValueError(f"{self.name}: policy.settings.states_file: {path} holds NaN or inf")
+        return found, torch.as_tensor(states, dtype=torch.float64)
 
     def _phase_one_points(self) -> torch.Tensor:
         s = self.settings
         g = torch.Generator().manual_seed(self.spec.initial_design.seed)
         lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
+        limit = self.spec.constraints.max_interventions
         blocks = []
+        if limit is not None:  # one stencil at the default θ (module docstring)
+            assert self.spec.parameters is not None
+            reference = torch.tensor(self.spec.parameters.reference, dtype=torch.float64)
+            base = (reference - lower) / span
+            self._directions = torch.where(base + s.step <= 1.0, 1.0, -1.0).to(torch.float64)
+            self._pairs = self._admissible_pairs(limit)
+            steps = torch.diag(self._directions * s.step * span)  # declared units
+            rows, cols = self._pairs
+            points = torch.cat(
+                [reference.unsqueeze(0), reference + steps, reference + steps[rows] + steps[cols]]
+            )  # untouched coordinates hold the default exactly
+            return torch.cat([points] * (s.t0 * s.c1))
         for _ in range(s.t0):
             base = torch.rand(self.dim, generator=g, dtype=torch.float64) * (1.0 - s.step)
             unit = stencil(base, s.step)
             blocks += [lower + unit * span] * s.c1
         return torch.cat(blocks)
+
+    def _admissible_pairs(self, limit: int) -> Pairs:
+        """The pairs whose stencil point changes at most `limit` blocks of θ."""
+        assert self.spec.parameters is not None
+        unit_of = torch.empty(self.dim, dtype=torch.long)
+        for k, (start, stop) in enumerate(self.spec.parameters.units.values()):
+            unit_of[start:stop] = k
+        rows, cols = all_pairs(self.dim)
+        keep = (unit_of[rows] == unit_of[cols]) | (limit >= 2)
+        return rows[keep], cols[keep]
 
     @staticmethod
     def _key(values) -> tuple[float, ...]:
@@ -112,6 +239,8 @@ class HAGPUCBPolicy(Policy):
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
+        if self.structure is None and self.controller is not None:
+            self._learn_surrogate_structure()
         if self.structure is None:
             rewards = self._phase_one_rewards(model)
             missing = [k for k, r in enumerate(rewards) if r is None]
@@ -124,7 +253,9 @@ class HAGPUCBPolicy(Policy):
             phase=2,
             edges=[list(e) for e in self.structure.edges],
             edges_dropped=self.structure.dropped,
+            **self._phase_one_facts,
         )
+        self._phase_one_facts = {}  # reported once, with the first decision of phase 2
         return proposal
 
     def _phase_one_rewards(self, model: NetworkModel) -> list[float | None]:
@@ -159,20 +290,54 @@ class HAGPUCBPolicy(Policy):
 
     def _learn_structure(self, rewards: list[float | None], model: NetworkModel) -> None:
         s = self.settings
-        q = stencil_size(self.dim)
+        q = stencil_size(self.dim, self._pairs)
         values = torch.tensor(rewards, dtype=torch.float64).reshape(-1, q)
-        total = sum(hessian_from_stencil(v, self.dim, s.step) for v in values)
+        total = sum(
+            hessian_from_stencil(v, self.dim, s.step, self._pairs, self._directions) for v in values
+        )
         assert isinstance(total, torch.Tensor)
         self.structure = structure_from_hessian(
             total, self._threshold(total, len(values)), max_edges=s.max_edges
         )
         self._ucb = AdditiveUCB(self.spec, self.structure.groups, s)
 
+    def _learn_surrogate_structure(self) -> None:
+        """Phase 1 from the controller's surrogate Hessian (module docstring)."""
+        s, found = self.settings, self.controller
+        assert found is not None
+        started = time.perf_counter()
+        g = torch.Generator().manual_seed(self.spec.initial_design.seed)
+        lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
+        low, high = found.state_bounds
+        total = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+        for _ in range(s.t0):
+            theta = lower + torch.rand(self.dim, generator=g, dtype=torch.float64) * span
+            for _ in range(s.c1):
+                if self._states is not None:
+                    pick = torch.randint(len(self._states), (s.states,), generator=g)
+                    states = self._states[pick]
+                else:
+                    shape = (s.states, found.agents, found.obs)
+                    unit = torch.rand(shape, generator=g, dtype=torch.float64)
+                    states = low + (high - low) * unit
+                total += surrogate_hessian(found.actions, theta, states)
+        total *= span[:, None] * span[None, :]  # ∂²π in the unit cube of the bounds
+        largest = float(total.max())
+        self.structure = structure_from_hessian(
+            total, s.tolerance * largest if largest > 0 else 0.0, max_edges=s.max_edges
+        )
+        self._ucb = AdditiveUCB(self.spec, self.structure.groups, s)
+        self._phase_one_facts = {
+            "structure_from": f"surrogate:{found.name}",
+            "structure_seconds": time.perf_counter() - started,
+            "hessian_queries": s.t0 * s.c1,
+        }
+
     def _threshold(self, total: torch.Tensor, queries: int) -> float:
         """c_h: the paper's, with the known or the estimated noise (see the module docstring)."""
         s = self.settings
         std = self.spec.node(self.spec.reward.node).noise_std
-        rows, cols = torch.triu_indices(self.dim, self.dim, offset=1)
+        rows, cols = self._pairs  # the entries queried (the others are 0 by construction)
         magnitude = total[rows, cols].abs()
         floor = 1e-9 * float(magnitude.max()) if magnitude.numel() else 0.0
         if std is not None and std > 0:

@@ -8,6 +8,7 @@ import torch
 
 from agent.experiment import Experiment, RoundStatus
 from connectors.store import FencedError, Store
+from core.spec import ChangeSpec
 from tests.test_agent_join import ack, chain_spec, reading
 
 
@@ -160,3 +161,73 @@ def test_restart_rebuilds_the_bounded_state(store_target):
         got = after.model.gp.posterior(probe)
         torch.testing.assert_close(got.mean, expected.mean, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(got.variance, expected.variance, rtol=1e-9, atol=1e-9)
+
+
+def drive_step(exp: Experiment, rounds: int, gen: torch.Generator, seq: int, step_at: int) -> int:
+    """`rounds` rounds whose device applies its own u (what the model learns does not depend
+    on the policy's draws, which a restart does not continue); B's mechanism shifts by 3.0
+    (30 noise std) from round `step_at` on. Returns the next reading seq."""
+    for _ in range(rounds):
+        live = exp.propose()
+        exp.mark_published(live.number)
+        u = 2 * float(torch.rand(1, generator=gen)) - 1
+        exp.on_ack(ack(exp, live.number).model_copy(update={"applied": {"u": u}}))
+        a = float(torch.rand(1, generator=gen))
+        b = a + u + 0.1 * float(torch.randn(1, generator=gen))
+        b += 3.0 if live.number >= step_at else 0.0
+        values = {"A": a, "B": b, "C": 0.5 * b * b}
+        exp.on_readings(
+            [reading(exp, live.number, n, v, seq + i) for i, (n, v) in enumerate(values.items())]
+        )
+        seq += 3
+    return seq
+
+
+def change_test(exp: Experiment) -> dict[str, list]:
+    state = exp.model.gp.state()
+    return {k: state[k].tolist() for k in state if k.startswith("change_")}
+
+
+def test_restart_mid_change_keeps_the_change_test(store_target):
+    """A node's CUSUM (`model.change`) is in the snapshot: an agent restarted two readings after
+    a step of B's mechanism (its statistic > 0) has the statistic, rows and counts the agent
+    had, and raises the alarm at the same round as an agent that never stopped. (Restarted
+    without it, the test starts again after its warmup and misses that round.)"""
+    model = {"refit_every": 5, "misfit_z": None, "change": ChangeSpec(warmup=10, keep=4)}
+    spec = spec_with(**model)
+    b = spec_with(**model).nodes[1].name
+    with Store(":memory:") as store:  # never stopped
+        steady = Experiment(spec, store, seed=1)
+        gen, seq, alarms = torch.Generator().manual_seed(3), 0, []
+        for _ in range(34):
+            seq = drive_step(steady, 1, gen, seq, step_at=24)
+            if steady.next_round == 27:
+                expected = change_test(steady)
+            alarms.append(change_test(steady)["change_alarms"][steady.model.order.index(b)])
+    alarm_round = alarms.index(1)
+    assert 27 <= alarm_round <= 28 and alarms[-1] == 1
+    # refits run inside the readings' transaction here (the service runs them beside its loop):
+    # on a loaded machine one can outlast PostgreSQL's idle-in-transaction limit (timeout_s / 2)
+    with Store(store_target, timeout_s=120.0) as store:
+        before = Experiment(spec, store, seed=1)
+        gen = torch.Generator().manual_seed(3)
+        seq = drive_step(before, 27, gen, 0, step_at=24)
+        test = change_test(before)
+        assert test == expected and test["change_statistic"][1] > 0
+        kept = [before.model.gp.member_data(j) for j in range(3)]
+        seen = before.model.gp.seen
+    with Store(store_target, timeout_s=120.0) as store:
+        after = Experiment(spec, store, seed=1)
+        got = change_test(after)
+        for name, values in expected.items():
+            assert got[name] == pytest.approx(values, rel=1e-9, abs=1e-12), name
+        assert after.model.gp.seen == seen
+        for j, (z, y) in enumerate(kept):
+            for got_, want in zip(after.model.gp.member_data(j), (z, y), strict=True):
+                torch.testing.assert_close(got_, want, rtol=0, atol=0)
+        found = None
+        while after.next_round < 34 and found is None:
+            seq = drive_step(after, 1, gen, seq, step_at=24)
+            if change_test(after)["change_alarms"][1] == 1:
+                found = after.next_round - 1
+        assert found == alarm_round

@@ -16,6 +16,7 @@ from connectors.mqtt import BrokerConfig
 from connectors.store import Store
 from core.network import NetworkModel
 from core.spec import parse_spec
+from policies._blocks import nearest_units
 from policies.base import Constraints
 from policies.registry import make_policy
 from sim.additive_er import AdditiveER
@@ -25,6 +26,16 @@ from tests.test_agent_service import agent_config
 D = 5
 BLOCKS = {"a": [0, 2], "b": [2, 4]}  # theta.4 is a block of its own
 WAIT_S = 120.0
+
+
+SETTINGS = {
+    "addgpucb": {"candidates": 16, "polish": 5},
+    "hagpucb": {"candidates": 16, "polish": 5},
+    "gpucb": {"max_seconds": 5.0, "restarts": 2, "raw_samples": 64},
+    "cmaes": {"popsize": 4},
+    "random": {},
+    "mcbo": {},
+}
 
 
 def _spec(policy: str = "addgpucb", limit: int = 1, rounds: int = 6, design: int = 2):
@@ -44,7 +55,7 @@ def _spec(policy: str = "addgpucb", limit: int = 1, rounds: int = 6, design: int
             "reward": {"node": "R"},
             "constraints": {"max_interventions": limit},
             "model": {"refit_every": 10},
-            "policy": {"name": policy, "settings": {"candidates": 16, "polish": 5}},
+            "policy": {"name": policy, "settings": SETTINGS[policy]},
             "initial_design": {"rounds": design},
             "schedule": {"max_rounds": rounds, "ack_timeout_s": 5.0, "round_timeout_s": 5.0},
         }
@@ -73,10 +84,77 @@ def test_the_service_check_refuses_more_blocks_than_the_limit():
     )
 
 
-@pytest.mark.parametrize("policy", ["gpucb", "hagpucb", "cmaes", "mcbo"])
-def test_policies_that_do_not_keep_it_refuse_the_spec(policy):
-    (problem,) = check_policy(_spec(policy))
+def test_policies_that_do_not_keep_it_refuse_the_spec():
+    (problem,) = check_policy(_spec("mcbo"))
     assert "does not keep a limit on the blocks of θ changed per round" in problem
+    assert "policies that do: addgpucb, cmaes, gpucb, hagpucb, random" in problem
+
+
+def _r(x: dict[str, float]) -> float:
+    """Only block b matters: R peaks at θ_2 = θ_3 = 0.9, with an interaction inside b."""
+    t2, t3 = x["theta.2"], x["theta.3"]
+    return -((t2 - 0.9) ** 2) - (t3 - 0.9) ** 2 + 1.5 * (t2 - 0.9) * (t3 - 0.9)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("name", ["gpucb", "cmaes", "hagpucb", "addgpucb"])
+def test_no_proposal_changes_more_blocks_than_the_limit(name, limit):
+    """Every round a policy plays — hagpucb's phase 1 and 2, every CMA-ES candidate — changes
+    at most `limit` of the 3 units of θ, and the service's own check passes it."""
+    spec = _spec(name, limit)
+    policy = make_policy(name, spec, spec.policy.settings)
+    model, rng = NetworkModel(spec), torch.Generator().manual_seed(0)
+    rounds = getattr(policy, "phase_one_rounds", 0) + (9 if name == "cmaes" else 6)
+    changed = []
+    for _ in range(rounds):
+        constraints = Constraints.from_spec(spec)
+        proposal = policy.propose(model, constraints, rng)
+        vet(spec, proposal.intervention, constraints)  # raises Violation past the limit
+        changed.append(spec.parameters.changed_units(proposal.intervention))
+        model.learn(proposal.intervention, {"R": _r(proposal.intervention)})
+    assert all(len(c) <= limit for c in changed)
+    assert any(len(c) == limit for c in changed)  # the limit binds, not an idle policy
+    if name == "cmaes":  # the projected candidates are found in the history: generations move
+        assert policy.generations >= 2
+
+
+def test_gpucb_moves_the_block_its_acquisition_values_most():
+    spec = _spec("gpucb", 1)
+    policy, model = make_policy("gpucb", spec, spec.policy.settings), NetworkModel(spec)
+    rng = torch.Generator().manual_seed(0)
+    explorer = make_policy("random", spec)
+    for _ in range(12):
+        x = explorer.propose(model, Constraints.from_spec(spec), rng).intervention
+        model.learn(x, {"R": _r(x)})
+    proposal = policy.propose(model, Constraints.from_spec(spec), rng)
+    assert proposal.diagnostics["blocks_changed"] == ["b"]
+    assert spec.parameters.changed_units(proposal.intervention) == ["b"]
+    assert proposal.intervention["theta.2"] > 0.6 and proposal.intervention["theta.3"] > 0.6
+
+
+def test_cmaes_projects_a_candidate_onto_its_farthest_blocks():
+    spec = _spec("cmaes", 1)
+    theta = [0.5, 0.9, 0.1, 0.5, 0.8]  # a: 0.16, b: 0.16 + 0, theta.4: 0.09
+    assert nearest_units(spec, theta, 1) in (["a"], ["b"])
+    assert nearest_units(spec, [0.5, 0.9, 0.0, 0.5, 0.8], 1) == ["b"]  # b: 0.25 > a: 0.16
+    assert nearest_units(spec, [0.5, 0.9, 0.0, 0.5, 0.8], 2) == ["a", "b"]
+    assert nearest_units(spec, [0.5] * 5, 2) == []  # nothing moved, nothing kept
+
+
+@pytest.mark.parametrize(("limit", "pairs"), [(1, 2), (2, 10)])
+def test_hagpucb_phase_one_sits_at_the_default_and_finds_the_edge_inside_b(limit, pairs):
+    """k = 1: one stencil at the default with only the pairs inside a block (a: (0,1), b:
+    (2,3)); k = 2: all 10 pairs. Either way the one edge (2, 3) is found and nothing else."""
+    spec = _spec("hagpucb", limit)
+    policy = make_policy("hagpucb", spec, spec.policy.settings)
+    assert policy.phase_one_rounds == 1 + D + pairs
+    model, rng = NetworkModel(spec), torch.Generator().manual_seed(0)
+    for _ in range(policy.phase_one_rounds):
+        proposal = policy.propose(model, Constraints.from_spec(spec), rng)
+        assert proposal.diagnostics["phase"] == 1
+        model.learn(proposal.intervention, {"R": _r(proposal.intervention)})
+    policy.propose(model, Constraints.from_spec(spec), rng)
+    assert policy.structure.edges == ((2, 3),)
 
 
 @pytest.mark.parametrize("limit", [1, 2])

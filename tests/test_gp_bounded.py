@@ -234,3 +234,62 @@ def test_an_install_keeps_the_live_rows_and_brings_the_diagonal_from_beside_the_
     assert torch.allclose(ours.variance, theirs.variance, atol=1e-10)
     del gp._fresh_qdiag
     assert torch.allclose(gp._qdiag[0], gp._fresh_qdiag(0), rtol=1e-10)
+
+
+def test_the_exact_pass_over_the_diagonal_runs_beside_the_caller_with_deferred_refits():
+    """Every `budget` removals diag((K + σ²I)⁻¹) is computed exactly again (O(m³)). With
+    deferred refits the learn never does it: the member goes out in the next refit job,
+    refactorized under the values it holds (no fit, same standardization), and the install
+    brings the exact diagonal and replays the rows learned meanwhile. A caller that runs no
+    job gets it on its own thread after STALE_PASSES budgets."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.rand(200, 1, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(5 * x[..., 0]) + 0.1 * torch.randn(200, 1, generator=gen, dtype=torch.float64)
+    config = GPConfig(  # a wide drift tolerance: no restandardization job in the way
+        noise_variance=0.01,
+        capacity=20,
+        budget=15,
+        refit_every=None,
+        misfit_z=None,
+        deferred=True,
+        drift_tolerance=10.0,
+    )
+    gp = make_gp(torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64), config)
+    fresh = []
+    exact_pass = gp._fresh_qdiag
+    gp._fresh_qdiag = lambda j: fresh.append(j) or exact_pass(j)  # count O(m³) passes
+    t = 0
+    while not gp._refresh_due[0]:
+        gp.learn_one(x[t], y[t])
+        t += 1
+    assert fresh == [0]  # the switch's first removal only (no diagonal kept before)
+    assert gp._removals[0] == 16  # the 16th removal found the pass due (and used the kept one)
+    before = gp.hyperparameters(), gp.y_mean.clone(), gp.y_scale.clone()
+    job = gp.refit_job()
+    assert job.members == [0] and job.fit == [False] and job.keep == [True]
+    assert not gp._refresh_due[0]
+    result = run_refit(job)
+    for _ in range(5):  # rows come and go while the job runs
+        gp.learn_one(x[t], y[t])
+        t += 1
+    live_z, live_y = gp.member_data(0)
+    report = gp.install(result)
+    assert report.rebuilt == [0] and report.refit == [] and fresh == [0]
+    assert not gp._refresh_due[0] and gp._removals[0] == 5
+    for want, got in zip(before[0].values(), gp.hyperparameters().values(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(gp.y_mean, before[1], rtol=0, atol=0)
+    torch.testing.assert_close(gp.y_scale, before[2], rtol=0, atol=0)
+    z, values = gp.member_data(0)
+    assert torch.equal(z, live_z) and torch.equal(values, live_y)
+    n = int(gp.num_observations[0])
+    inverse = torch.linalg.inv(gp._buffers.factor[0, :n, :n])
+    torch.testing.assert_close(gp._qdiag[0], inverse.square().sum(0), rtol=1e-10, atol=0)
+    # no job run: the pass is due from 15 removals on, and done here at 4 budgets (60)
+    fresh.clear()
+    installed_at = t
+    while not fresh:
+        gp.learn_one(x[t], y[t])
+        t += 1
+    assert gp._refresh_due[0] and gp._removals[0] == 1  # 5 + 55 kept, the next a fresh one
+    assert t - installed_at == 56 and len(fresh) == 1

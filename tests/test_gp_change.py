@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from core.gp import GPConfig, IncrementalGP
 from core.gp.bounded import make_gp
-from core.gp.change import ChangeConfig, ChangeDetector
+from core.gp.change import CHANGE_FIELDS, ChangeConfig, ChangeDetector
 
 NOISE = 0.1
 
@@ -91,3 +92,55 @@ def test_a_deferred_model_forgets_at_once_and_leaves_the_refit_to_its_caller():
     assert int(gp.num_observations[0]) == 10
     job = gp.refit_job()
     assert job is not None and job.members == [0] and job.fit == [True] and job.rows == [10]
+
+
+def _readings(steps: int, *, step_at: int, shift: float, seed: int):
+    """The readings `_stream` would teach: (x (1, 2), y (1,)) per step."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(steps):
+        x = torch.rand(1, 2, generator=gen, dtype=torch.float64)
+        f = torch.sin(6 * x[0, 0]) + x[0, 1] ** 2 + (shift if t >= step_at else 0.0)
+        out.append((x, f + NOISE * torch.randn(1, generator=gen, dtype=torch.float64)))
+    return out
+
+
+@pytest.mark.parametrize("capacity", [None, 60])
+def test_a_restart_mid_change_keeps_the_test_and_raises_the_same_alarm(capacity):
+    """The live model refits now and then and is cut off two readings after a step (its CUSUM
+    statistic > 0); a model resumed from its state and fed every reading again, without
+    refits (as recovery does), has the same statistic and rows, and raises its alarm at the
+    same reading as the uninterrupted model. Without the detector's part of the state, the
+    resumed test starts over (its warmup) and finds nothing by then."""
+    settings = {} if capacity is None else {"capacity": capacity, "budget": 50}
+    readings = _readings(110, step_at=100, shift=1.0, seed=0)
+    uninterrupted, alarms = _model(**settings), []
+    for t, (x, y) in enumerate(readings):
+        if uninterrupted.learn_one(x, y).changed:
+            alarms.append(t)
+        if t == 101:  # the last refit was at reading 99: the state is a valid snapshot
+            cut = copy.deepcopy(uninterrupted)
+    assert alarms == [103]
+    state = cut.state()
+    assert float(state["change_statistic"][0]) > 0 and int(state["change_since_zero"][0]) == 2
+
+    def resumed(state: dict) -> tuple[IncrementalGP, list[int]]:
+        gp, found = _model(**settings), []
+        gp.resume(state)
+        for t, (x, y) in enumerate(readings):
+            if gp.learn_one(x, y, refit=False).changed:
+                found.append(t)
+            if t == 101 and all(name in state for name in CHANGE_FIELDS):
+                assert gp.seen == cut.seen == [102]
+                got, want = gp.state(), cut.state()
+                for name in CHANGE_FIELDS:
+                    torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
+                for a, b in zip(gp.member_data(0), cut.member_data(0), strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+        return gp, found
+
+    gp, found = resumed(state)
+    assert found == alarms
+    torch.testing.assert_close(gp.member_data(0)[1], uninterrupted.member_data(0)[1])
+    _, without = resumed({k: v for k, v in state.items() if k not in CHANGE_FIELDS})
+    assert without == []

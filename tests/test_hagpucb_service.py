@@ -89,3 +89,51 @@ async def test_hagpucb_runs_phase_one_then_additive_ucb_through_the_service(mosq
         assert all(len(r.intervention) == D for r in stored)
         # the budget: one unit per episode, phase 1 included
         assert store.ledger("hag").spent == pytest.approx(rounds)
+
+
+@pytest.mark.integration
+async def test_hagpucb_with_a_controller_plays_phase_two_from_round_one_through_the_service(
+    mosquitto, tmp_path
+):
+    """The surrogate route: MaMuJoCo's Swimmer device runs the two agents' linear policies, the
+    agent reads the structure off its own copy of them (no structure episode), and every round
+    is additive GP-UCB on the two agents' blocks."""
+    from core.spec import load_spec
+    from sim.mamujoco import MaMuJoCoSwimmer
+    from tests.test_surrogate_hessian import EXAMPLES
+
+    rounds = 3
+    data = load_spec(EXAMPLES / "mamujoco-swimmer.yaml").model_dump(mode="json", exclude_none=True)
+    data["name"] = "swim"
+    data["policy"] = {
+        "name": "hagpucb",
+        "settings": {"controller": "mamujoco-swimmer", "candidates": 16, "sweeps": 1},
+    }
+    data["initial_design"] = {"rounds": 0}
+    data["schedule"] = {"max_rounds": rounds, "ack_timeout_s": 30.0, "round_timeout_s": 60.0}
+    spec = parse_spec(data)
+    device = SimulatorDevice(
+        MaMuJoCoSwimmer(),
+        BrokerConfig.from_url(mosquitto.url),
+        DeviceSettings(experiment="swim", delay_s=0.0, jitter_s=0.0, seed=1),
+    )
+    device_task = asyncio.create_task(device.run())
+    await asyncio.wait_for(device.ready.wait(), WAIT_S)
+    events = []
+    service = AgentService(
+        agent_config(mosquitto.url, tmp_path / "agent.sqlite"), [spec], on_event=events.append
+    )
+    try:
+        await asyncio.wait_for(service.run(), 2 * WAIT_S)
+    finally:
+        device_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await device_task
+
+    closed = [e for e in events if e.kind == "closed"]
+    assert len(closed) == rounds and all(e.detail == "complete" for e in closed)
+    policy = service.experiments["swim"].policy
+    assert policy.phase_one_rounds == 0
+    assert policy.structure.groups == (tuple(range(7)), tuple(range(7, 14)))
+    with Store(tmp_path / "agent.sqlite") as store:
+        assert len(store.rounds("swim")) == rounds

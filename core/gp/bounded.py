@@ -21,7 +21,10 @@ The diagonal of Q is kept in O(m²) per step from the factor L (K + σ²I = LL�
   - append of row [cᵀ, d] to L: b = L⁻ᵀc, Qᵢᵢ += bᵢ²/d², the new Qₙₙ = 1/d²;
   - removal of row i: q = Q eᵢ = L⁻ᵀ(L⁻¹eᵢ), Qⱼⱼ −= qⱼ²/qᵢ;
 and recomputed exactly (O(m³), from L⁻¹) after every rebuild and every `budget` removals, so
-rounding never accumulates over a long stream. The factor loses row i as `core.gp.window`
+rounding never accumulates over a long stream — with deferred refits (the service) that pass
+runs beside the caller: the member goes out in the next `refit_job`, refactorized under the
+values it holds, and `install` brings back the factor and the diagonal computed there and
+replays the edits since the copy (see `_current_qdiag`). The factor loses row i as `core.gp.window`
 forgets the oldest row: with L = [[L_AA, 0, 0], [·, lᵢᵢ, 0], [L_BA, l_B, L_BB]], the factor
 without row and column i is [[L_AA, 0], [L_BA, L_BB·C]], C = chol(I + ppᵀ), p = L_BB⁻¹l_B —
 a rank-one update with C in closed form.
@@ -44,17 +47,19 @@ import structlog
 import torch
 
 from core.blas import solve_lower_in_buffer_, solve_lower_transposed_in_buffer_
-from core.gp.buffers import ensure_capacity, put_data, truncate
+from core.gp.buffers import ensure_capacity, truncate
 from core.gp.config import GPConfig, LearnReport
 from core.gp.model import IncrementalGP
 from core.gp.refit import RefitJob, RefitResult
 from core.gp.standardize import recount
 
-__all__ = ["BOUNDED_FIELDS", "BoundedGP", "make_gp", "remove_row"]
+__all__ = ["STALE_PASSES", "BoundedGP", "make_gp", "remove_row"]
+
+# With deferred refits, the removals (in budgets) after which a member whose exact pass over
+# its diagonal is still due computes it on the caller (no refit job came for it).
+STALE_PASSES = 4
 
 log = structlog.get_logger("core.gp.bounded")
-
-BOUNDED_FIELDS = ("bounded_z", "bounded_y", "bounded_rows", "bounded_seen")
 
 
 def make_gp(
@@ -116,8 +121,6 @@ class BoundedGP(IncrementalGP):
         self.capacity = config.capacity
         self.budget = config.budget or config.capacity
         b = self.batch
-        self._seen = [0] * b  # observations each member has learned, kept or not
-        self._skip = [0] * b  # readings a replay after `resume` must not learn again
         self._switched = [False] * b
         self._qdiag: list[torch.Tensor | None] = [None] * b
         self._removals = [0] * b  # since the diagonal was last computed exactly
@@ -140,20 +143,11 @@ class BoundedGP(IncrementalGP):
         refit: bool = True,
     ) -> LearnReport:
         """As `IncrementalGP.learn_one`, then the budget (see the module)."""
-        mask_list = [True] * self.batch if mask is None else [bool(m) for m in mask]
-        for j, chosen in enumerate(mask_list):
-            if chosen and self._skip[j] > 0:  # a replay of what the kept rows stand for
-                self._skip[j] -= 1
-                mask_list[j] = False
         self._before = list(self._buffers.real)  # read by `_apply_window`, after the append
         try:
-            report = super().learn_one(x, y, mask_list, refit=refit)
+            return super().learn_one(x, y, mask, refit=refit)
         finally:
             self._before = None
-        for j, chosen in enumerate(mask_list):
-            if chosen:
-                self._seen[j] += 1
-        return report
 
     @torch.no_grad()
     def learn_block(
@@ -173,21 +167,9 @@ class BoundedGP(IncrementalGP):
         mask = torch.as_tensor(mask, dtype=torch.bool)
         if k == 1:
             return self.learn_one(x[:, 0], y[:, 0], mask[:, 0], refit=refit)
-        counts = mask.sum(-1).tolist()
-        if self._within_capacity(counts):
-            return self._counted(super().learn_block(x, y, mask, refit=refit), counts)
-        largest = torch.full((self.batch,), float("nan"), dtype=self.dtype, device=self.device)
-        merged = LearnReport(surprise=largest)
-        for i in range(k):
-            part = self.learn_one(x[:, i], y[:, i], mask[:, i], refit=refit and i == k - 1)
-            seen = ~torch.isnan(part.surprise)
-            largest[seen] = torch.fmax(largest[seen], part.surprise[seen])
-            merged.refit += part.refit
-            merged.refit_failed += part.refit_failed
-            merged.rebuilt = sorted(set(merged.rebuilt) | set(part.rebuilt))
-            merged.forgotten += part.forgotten
-            merged.changed = sorted(set(merged.changed) | set(part.changed))
-        return merged
+        if self._within_capacity(mask.sum(-1).tolist()):
+            return super().learn_block(x, y, mask, refit=refit)
+        return self._learn_rows(x, y, mask, refit=refit)
 
     @torch.no_grad()
     def learn_many(
@@ -205,14 +187,8 @@ class BoundedGP(IncrementalGP):
             [x.shape[1]] * self.batch if mask is None else torch.as_tensor(mask).sum(-1).tolist()
         )
         if self._within_capacity(counts):
-            return self._counted(super().learn_many(x, y, mask, refit=refit), counts)
+            return super().learn_many(x, y, mask, refit=refit)
         return self.learn_block(x, y, mask, refit=refit)
-
-    def _counted(self, report: LearnReport, counts: list[int]) -> LearnReport:
-        """`report` of an exact learn of counts[j] rows per member; those rows count as seen."""
-        for j, count in enumerate(counts):
-            self._seen[j] += int(count)
-        return report
 
     def _within_capacity(self, counts: list[int]) -> bool:
         """Whether learning counts[j] more rows keeps every member exact (and none is skipped)."""
@@ -286,10 +262,21 @@ class BoundedGP(IncrementalGP):
         return i if self._remove_at(j, i, qd) else None
 
     def _current_qdiag(self, j: int) -> torch.Tensor:
-        """Member j's diag(Q), kept, or computed exactly when missing or due (O(n³))."""
+        """Member j's diag(Q), kept, or computed exactly when missing (O(n³)). After `budget`
+        removals it is due for an exact pass: here and now, or, with deferred refits, beside
+        the caller (`refit_job` hands the member out to be refactorized under its current
+        values; `install` brings the factor and diagonal computed there, and the removals
+        meanwhile use the kept one). Past STALE_PASSES·budget removals with no job come (a
+        caller that runs none), it is computed here."""
         qd = self._qdiag[j]
-        if qd is None or qd.numel() != self._buffers.real[j] or self._removals[j] >= self.budget:
-            qd = self._fresh_qdiag(j)
+        if qd is None or qd.numel() != self._buffers.real[j]:
+            return self._fresh_qdiag(j)
+        removals = self._removals[j]
+        if removals >= self.budget:
+            if self.config.deferred and removals < STALE_PASSES * self.budget:
+                self._refresh_due[j] = True
+            else:
+                qd = self._fresh_qdiag(j)
         return qd
 
     def _remove_at(self, j: int, i: int, qd: torch.Tensor) -> bool:
@@ -393,6 +380,7 @@ class BoundedGP(IncrementalGP):
                 self._put_factor(result, k, j)
                 self._qdiag[j] = result.qdiag[k].to(self.dtype)
                 self._removals[j] = 0
+                self._refresh_due[j] = False
                 replays[j] = edits
             self._refresh_scalars()
             for j, edits in replays.items():
@@ -429,43 +417,9 @@ class BoundedGP(IncrementalGP):
         """Per member: whether it has passed its capacity (and keeps a budget since)."""
         return list(self._switched)
 
-    @property
-    def seen(self) -> list[int]:
-        """Per member: observations learned, kept or not."""
-        return list(self._seen)
-
-    def state(self) -> dict[str, torch.Tensor]:
-        """`IncrementalGP.state()` plus the kept rows and the count of learned observations:
-        bounded_z (b, c, d), bounded_y (b, c), bounded_rows (b,), bounded_seen (b,)."""
-        state = super().state()
-        width = max(max(self._buffers.real), 1)
-        state["bounded_z"] = self._buffers.z[:, :width].clone()
-        state["bounded_y"] = self._buffers.y[:, :width].clone()
-        state["bounded_rows"] = torch.tensor(self._buffers.real, dtype=torch.long)
-        state["bounded_seen"] = torch.tensor(self._seen, dtype=torch.long)
-        return state
-
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Hyperparameters and schedule as `IncrementalGP.load_state` (the rows stay)."""
-        super().load_state({k: v for k, v in state.items() if k not in BOUNDED_FIELDS})
-
-    def resume(self, state: dict[str, torch.Tensor]) -> None:
-        """Start again from `state()`: the kept rows, hyperparameters and counts, on a model
-        that has learned nothing yet; the next `bounded_seen[j]` readings of member j (a replay
-        of the readings the state was taken after) are skipped."""
-        if any(self._buffers.real) or any(self._seen):
-            raise ValueError("resume needs a model that has learned nothing")
-        if any(name not in state for name in BOUNDED_FIELDS):
-            return self.load_state(state)  # a state of an exact model: a plain replay
-        rows = [int(v) for v in state["bounded_rows"].tolist()]
-        z = torch.as_tensor(state["bounded_z"], dtype=self.dtype, device=self.device)
-        y = torch.as_tensor(state["bounded_y"], dtype=self.dtype, device=self.device)
-        self.reserve(max(rows, default=0) + 2)
-        for j, n in enumerate(rows):
-            put_data(self._buffers, j, z[j, :n], y[j, :n])
-        self._moments = recount(self._buffers)
-        self._seen = [int(v) for v in state["bounded_seen"].tolist()]
-        self._skip = list(self._seen)
+    def resume(self, state: dict[str, torch.Tensor], *, replay: bool = True) -> None:
+        """As `IncrementalGP.resume`; a member that had learned more than its capacity keeps
+        its budget from the first reading on."""
+        super().resume(state, replay=replay)
         self._switched = [seen > self.capacity for seen in self._seen]
-        self.load_state(state)
         self._logged = list(self._buffers.real)

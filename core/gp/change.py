@@ -27,9 +27,13 @@ a temporal kernel's learned lengthscale (`core.gp.temporal`) is the gradual form
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ChangeConfig", "ChangeDetector"]
+__all__ = ["CHANGE_FIELDS", "ChangeConfig", "ChangeDetector"]
+
+# The detector's fields in a model's `state()` (`IncrementalGP.state`), each (b,).
+CHANGE_FIELDS = ("change_statistic", "change_since_zero", "change_learned", "change_alarms")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,29 @@ class ChangeDetector:
         self.reset(member)
         self.alarms[member] += 1
         return after
+
+    def state(self) -> dict[str, list]:
+        """Everything the test carries from one reading to the next, per member: Sₜ, the
+        readings since it was last 0, the readings since the start or the last alarm (the
+        warmup), and the alarms so far. Keyed by `CHANGE_FIELDS`."""
+        return {
+            "change_statistic": list(self.statistic),
+            "change_since_zero": list(self.since_zero),
+            "change_learned": list(self._learned),
+            "change_alarms": list(self.alarms),
+        }
+
+    def load(self, state: dict[str, Sequence]) -> None:
+        """Continue from `state()` (same batch): the next reading is tested as it would have
+        been by the detector that made it."""
+        batch = len(self.statistic)
+        for name in CHANGE_FIELDS:
+            if len(state[name]) != batch:
+                raise ValueError(f"{name} has {len(state[name])} members, expected {batch}")
+        self.statistic = [float(v) for v in state["change_statistic"]]
+        self.since_zero = [int(v) for v in state["change_since_zero"]]
+        self._learned = [int(v) for v in state["change_learned"]]
+        self.alarms = [int(v) for v in state["change_alarms"]]
 
     def reset(self, member: int) -> None:
         """Start the member's test again (after its warmup)."""

@@ -43,7 +43,7 @@ import torch
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
 from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
-from core.gp.change import ChangeDetector
+from core.gp.change import CHANGE_FIELDS, ChangeDetector
 from core.gp.checks import (
     check_bounds,
     check_dims,
@@ -67,7 +67,15 @@ from core.gp.window import apply_window, forget_oldest
 # The most rows `learn_block` appends as one block (see `_append_blocks`).
 BLOCK_ROWS = 64
 
-__all__ = ["IncrementalGP"]
+# The rows a model's `state()` carries when a replay from scratch would not rebuild its set of
+# rows (a budget, a change detector): each member's rows (b, c, d) and (b, c), its count of
+# rows (b,) and of the observations it learned (b,), kept or not.
+KEPT_FIELDS = ("kept_z", "kept_y", "kept_rows", "kept_seen")
+_LEGACY_KEPT = dict(
+    zip(("bounded_z", "bounded_y", "bounded_rows", "bounded_seen"), KEPT_FIELDS, strict=True)
+)
+
+__all__ = ["KEPT_FIELDS", "IncrementalGP"]
 
 log = structlog.get_logger("core.gp.model")
 
@@ -123,9 +131,14 @@ class IncrementalGP:
         # change a job's copy cannot follow (new hyperparameters, a rebuild from learn_many) and
         # the rows the window forgot, so that `install` recognises a stale result.
         self._drift_due = [False] * b
+        # and members whose factor is due to be computed again under the values they hold (a
+        # bounded model's exact pass over its diagonal, `core.gp.bounded`)
+        self._refresh_due = [False] * b
         self._epochs = [0] * b
         self._forgotten = [0] * b
         self._change = ChangeDetector(b, self.config.change) if self.config.change else None
+        self._seen = [0] * b  # observations each member has learned, kept or not
+        self._skip = [0] * b  # readings a replay after `resume` must not learn again
         self._changed: dict[int, int] = {}  # member -> newest rows after a change, to keep
         self._moments = recount(self._buffers)
         self._no_surprise = torch.full((b,), math.nan, **opts)
@@ -152,6 +165,12 @@ class IncrementalGP:
     def num_observations(self) -> torch.Tensor:
         """(b,) number of observations each member holds (after any window)."""
         return torch.tensor(self._buffers.real, dtype=torch.long)
+
+    @property
+    def seen(self) -> list[int]:
+        """Per member: observations learned, kept or not (since the start or a `resume`d
+        state's start)."""
+        return list(self._seen)
 
     @property
     def noise(self) -> torch.Tensor:
@@ -234,6 +253,8 @@ class IncrementalGP:
         """
         x, y = self._as_tensor(x), self._as_tensor(y)
         lead = (self.batch,)
+        if any(self._skip):
+            mask = self._skipping(mask)
         if mask is None:
             learners = list(range(self.batch))
         else:
@@ -273,6 +294,8 @@ class IncrementalGP:
         lead = (self.batch, x.shape[1])
         mask = check_mask(mask, lead, self.device)
         check_observations(x, y, lead, mask, self.dim, self.device)
+        if any(self._skip):  # a replay after `resume`: which rows are skipped goes row by row
+            return self._learn_rows(x, y, mask, refit=refit)
         buffers = self._buffers
         with self._pending_detached():
             ensure_capacity(buffers, max(buffers.rows) + x.shape[1] + len(self._pending))
@@ -281,6 +304,7 @@ class IncrementalGP:
                 chosen = mask[j].nonzero().flatten()
                 put_data(buffers, j, z[j, chosen], y[j, chosen])
                 self._since_refit[j] += chosen.numel()
+                self._seen[j] += chosen.numel()
             self._moments = recount(buffers)
             return self._after_new_data(refit, restandardizing=range(self.batch))
 
@@ -323,6 +347,8 @@ class IncrementalGP:
         check_observations(x, y, lead, mask, self.dim, self.device)
         if x.shape[1] == 1:  # one row: the append is already one pass over the factor
             return self.learn_one(x[:, 0], y[:, 0], mask[:, 0], refit=refit)
+        if any(self._skip):  # a replay after `resume`: which rows are skipped goes row by row
+            return self._learn_rows(x, y, mask, refit=refit)
         chosen = [[i for i, m in enumerate(row) if m] for row in mask.tolist()]
         buffers = self._buffers
         with self._pending_detached():
@@ -335,6 +361,37 @@ class IncrementalGP:
         largest = [max(values) if values else math.nan for values in surprises]
         report.surprise = torch.tensor(largest, dtype=self.dtype, device=self.device)
         return report
+
+    def _skipping(self, mask: torch.Tensor | Sequence[bool] | None) -> list[bool]:
+        """`mask` less the members whose next reading a `resume`d state already stands for."""
+        if mask is None:
+            chosen = [True] * self.batch
+        else:
+            chosen = [bool(m) for m in torch.as_tensor(mask).reshape(-1).tolist()]
+        for j, learns in enumerate(chosen[: self.batch]):
+            if learns and self._skip[j] > 0:
+                self._skip[j] -= 1
+                chosen[j] = False
+        return chosen
+
+    def _learn_rows(
+        self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, *, refit: bool
+    ) -> LearnReport:
+        """k rows per member (x (b, k, d), y and mask (b, k)) by k `learn_one` calls, the
+        schedule run after the last only; the report merged as `learn_block`'s."""
+        k = x.shape[1]
+        largest = torch.full((self.batch,), math.nan, dtype=self.dtype, device=self.device)
+        merged = LearnReport(surprise=largest)
+        for i in range(k):
+            part = self.learn_one(x[:, i], y[:, i], mask[:, i], refit=refit and i == k - 1)
+            seen = ~torch.isnan(part.surprise)
+            largest[seen] = torch.fmax(largest[seen], part.surprise[seen])
+            merged.refit += part.refit
+            merged.refit_failed += part.refit_failed
+            merged.rebuilt = sorted(set(merged.rebuilt) | set(part.rebuilt))
+            merged.forgotten += part.forgotten
+            merged.changed = sorted(set(merged.changed) | set(part.changed))
+        return merged
 
     def _append(
         self, z: torch.Tensor, y: Sequence[float] | None, learners: list[int]
@@ -418,6 +475,7 @@ class IncrementalGP:
         """Count a member's newly learned rows; a surprising one makes a refit due."""
         self._buffers.real[member] += len(surprises)
         self._since_refit[member] += len(surprises)
+        self._seen[member] += len(surprises)
         misfit_z = self.config.misfit_z
         if misfit_z is not None and any(s > misfit_z for s in surprises):
             self._refit_due[member] = True
@@ -644,9 +702,11 @@ class IncrementalGP:
         """The due refits and drift restandardizations, copied out to run beside the model.
 
         A member is in the job when its refit schedule fired (and it has `min_fit_points`
-        observations: it is fit) or its data drifted from the frozen standardization (it is
-        restandardized and refactorized only). Their schedule is reset now: rows that arrive
-        while the job runs count toward the next refit. None when nothing is due.
+        observations: it is fit), its data drifted from the frozen standardization (it is
+        restandardized and refactorized only) or its factor is due to be computed again under
+        the values it holds (`keep`: refactorized only; a bounded model's exact pass over its
+        diagonal). Their schedule is reset now: rows that arrive while the job runs count
+        toward the next refit. None when nothing is due.
 
         Args:
             members: consider only these (default all).
@@ -654,11 +714,13 @@ class IncrementalGP:
         chosen = range(self.batch) if members is None else [int(j) for j in members]
         real, min_points = self._buffers.real, self.config.min_fit_points
         fit = {j for j in chosen if self._refit_due[j] and real[j] >= min_points}
-        listed = sorted(fit | {j for j in chosen if self._drift_due[j] and real[j] > 0})
+        moved = {j for j in chosen if self._drift_due[j] and real[j] > 0}
+        refresh = {j for j in chosen if self._refresh_due[j] and real[j] > 0} - fit - moved
+        listed = sorted(fit | moved | refresh)
         if not listed:
             return None
         for j in listed:
-            self._drift_due[j] = False
+            self._drift_due[j] = self._refresh_due[j] = False
             if j in fit:
                 self._refit_due[j], self._since_refit[j] = False, 0
         idx = torch.tensor(listed, device=self.device)
@@ -678,6 +740,9 @@ class IncrementalGP:
             priors=self.config.priors,
             epochs=[self._epochs[j] for j in listed],
             forgotten=[self._forgotten[j] for j in listed],
+            keep=[j in refresh for j in listed] if refresh else None,
+            y_mean=self.y_mean[idx].clone() if refresh else None,
+            y_scale=self.y_scale[idx].clone() if refresh else None,
         )
 
     def refresh_job(self, job: RefitJob) -> RefitJob | None:
@@ -690,7 +755,7 @@ class IncrementalGP:
         """
         if any(self._epochs[j] != job.epochs[k] for k, j in enumerate(job.members)):
             for k, j in enumerate(job.members):
-                self._requeue(j, job.fit[k])
+                self._requeue(j, job.fit[k], bool(job.keep and job.keep[k]))
             return None
         real, buffers = self._buffers.real, self._buffers
         return job.with_rows(
@@ -714,10 +779,14 @@ class IncrementalGP:
             default=0,
         )
 
-    def _requeue(self, member: int, fit: bool) -> None:
-        """A stale job's member: its refit (or restandardization) is due again."""
+    def _requeue(self, member: int, fit: bool, keep: bool = False) -> None:
+        """A stale job's member: its refit (or restandardization, or refactorization) is due
+        again."""
         self._refit_due[member] = self._refit_due[member] or fit
-        self._drift_due[member] = self._drift_due[member] or not fit
+        if keep:
+            self._refresh_due[member] = True
+        else:
+            self._drift_due[member] = self._drift_due[member] or not fit
 
     @torch.no_grad()
     def install(self, result: RefitResult) -> LearnReport:
@@ -769,8 +838,9 @@ class IncrementalGP:
     def _take_result(self, result: RefitResult, k: int, j: int) -> bool:
         """Member j (the job's k-th) takes the result's values; False, and due again, when a
         change the copy cannot follow came since (its epoch moved)."""
-        if self._epochs[j] != result.job.epochs[k]:
-            self._requeue(j, result.job.fit[k])
+        job = result.job
+        if self._epochs[j] != job.epochs[k]:
+            self._requeue(j, job.fit[k], bool(job.keep and job.keep[k]))
             return False
         self._take_values(result, k, j)
         return True
@@ -844,13 +914,24 @@ class IncrementalGP:
         return self._buffers.z[member, :n, :width].clone(), self._buffers.y[member, :n].clone()
 
     # ------------------------------------------------------------------ persistence
-    def state(self) -> dict[str, torch.Tensor]:
-        """Everything but the data: hyperparameters, standardization, refit schedule.
+    @property
+    def carries_rows(self) -> bool:
+        """Whether `state()` carries the rows (and `resume` is how a restart starts): a model
+        with a budget (`capacity`) or a change detector (`change`) keeps rows chosen with the
+        hyperparameters of the moment, which a replay from scratch would choose again with
+        other ones."""
+        return self.config.capacity is not None or self._change is not None
 
-        With the same data replayed, `load_state` of this reproduces the posterior exactly
-        (an exact GP is a function of data, hyperparameters and standardization only).
+    def state(self) -> dict[str, torch.Tensor]:
+        """Hyperparameters, standardization, refit schedule; with `carries_rows`, also the
+        rows held and the count of observations learned (`KEPT_FIELDS`), and with a change
+        detector its running test (`core.gp.change.CHANGE_FIELDS`).
+
+        With the same data replayed, `load_state` of this reproduces an exact GP's posterior
+        exactly (an exact GP is a function of data, hyperparameters and standardization only);
+        for the others `resume` then the replay does.
         """
-        return {
+        state = {
             "lengthscale": self.lengthscale.clone(),
             "outputscale": self.outputscale.clone(),
             "learned_noise": self._learned_noise.clone(),
@@ -860,9 +941,21 @@ class IncrementalGP:
             "since_refit": torch.tensor(self._since_refit, dtype=torch.long),
             "refit_due": torch.tensor(self._refit_due, dtype=torch.bool),
         }
+        if self.carries_rows:
+            width = max(max(self._buffers.real), 1)
+            state["kept_z"] = self._buffers.z[:, :width].clone()
+            state["kept_y"] = self._buffers.y[:, :width].clone()
+            state["kept_rows"] = torch.tensor(self._buffers.real, dtype=torch.long)
+            state["kept_seen"] = torch.tensor(self._seen, dtype=torch.long)
+        if self._change is not None:
+            for name, values in self._change.state().items():
+                dtype = torch.float64 if name == "change_statistic" else torch.long
+                state[name] = torch.tensor(values, dtype=dtype)
+        return state
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what `state` returned (same batch and dims), then rebuild once."""
+        """Restore the hyperparameters, standardization and schedule of `state()` (same batch
+        and dims), then rebuild once. The rows and the change test stay (see `resume`)."""
         check_state(state, self.batch, self.dim)
         b = (self.batch,)
         with self._pending_detached():
@@ -876,6 +969,37 @@ class IncrementalGP:
             self._since_refit = [int(v) for v in state["since_refit"].tolist()]
             self._refit_due = [bool(v) for v in state["refit_due"].tolist()]
             self._rebuild(list(range(self.batch)))
+
+    def resume(self, state: dict[str, torch.Tensor], *, replay: bool = True) -> None:
+        """Start again from `state()` on a model that has learned nothing yet: the rows held,
+        hyperparameters, counts and change test; the next `kept_seen[j]` readings of member j
+        (a replay of the readings the state was taken after) are skipped, and those after
+        them are learned as the model that made the state learned them. A state without rows
+        (an exact model's) is only loaded: its replay from scratch rebuilds the model.
+
+        Args:
+            replay: False when the caller will not replay the readings before the state (it
+                continues with the next ones): nothing is skipped.
+        """
+        if any(self._buffers.real) or any(self._seen):
+            raise ValueError("resume needs a model that has learned nothing")
+        state = {_LEGACY_KEPT.get(k, k): v for k, v in state.items()}  # older snapshots
+        if any(name not in state for name in KEPT_FIELDS):
+            return self.load_state(state)
+        rows = [int(v) for v in state["kept_rows"].tolist()]
+        if len(rows) != self.batch:
+            raise ValueError(f"state has {len(rows)} members, expected {self.batch}")
+        z = torch.as_tensor(state["kept_z"], dtype=self.dtype, device=self.device)
+        y = torch.as_tensor(state["kept_y"], dtype=self.dtype, device=self.device)
+        self.reserve(max(rows, default=0) + 2)
+        for j, n in enumerate(rows):
+            put_data(self._buffers, j, z[j, :n], y[j, :n])
+        self._moments = recount(self._buffers)
+        self._seen = [int(v) for v in state["kept_seen"].tolist()]
+        self._skip = list(self._seen) if replay else [0] * self.batch
+        self.load_state(state)
+        if self._change is not None and all(name in state for name in CHANGE_FIELDS):
+            self._change.load({name: state[name].tolist() for name in CHANGE_FIELDS})
 
     # ------------------------------------------------------------------ prediction
     def alpha(self) -> torch.Tensor:

@@ -13,6 +13,8 @@ synchronous refit of the snapshot's rows followed by those appends would give.
 Per member the job does what the synchronous path does: restandardize from the data, fit the
 hyperparameters on the standardized data (members marked `fit`; the others only drifted from
 their standardization and keep their hyperparameters), then refactorize with jitter retries.
+A member marked `keep` keeps its standardization too: it is only refactorized (a bounded
+model's periodic exact recomputation of diag((K + σ²I)⁻¹), `core.gp.bounded`).
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ class RefitJob:
         forgotten: per member, rows the window had forgotten when copied.
         marks: per member, a bounded model's count of edits (appends, removals) when copied,
             so that its install replays those since (`core.gp.bounded`); None otherwise.
+        keep: per member, whether it keeps its hyperparameters and standardization (y_mean,
+            y_scale: (m,) the model's when copied) and is only refactorized; None: none does.
     """
 
     members: list[int]
@@ -132,6 +136,9 @@ class RefitJob:
     epochs: list[int]
     forgotten: list[int]
     marks: list[int] | None = None
+    keep: list[bool] | None = None
+    y_mean: torch.Tensor | None = None
+    y_scale: torch.Tensor | None = None
 
     @property
     def rows(self) -> list[int]:
@@ -162,6 +169,9 @@ class RefitJob:
             epochs=[self.epochs[k] for k in ks],
             forgotten=[self.forgotten[k] for k in ks],
             marks=None if self.marks is None else [self.marks[k] for k in ks],
+            keep=None if self.keep is None else [self.keep[k] for k in ks],
+            y_mean=None if self.y_mean is None else self.y_mean[idx],
+            y_scale=None if self.y_scale is None else self.y_scale[idx],
         )
 
     def with_rows(
@@ -239,10 +249,15 @@ def _buffers_of(job: RefitJob) -> GPBuffers:
 
 @torch.no_grad()
 def fit_job(job: RefitJob) -> RefitFit:
-    """Restandardize the job's members from their data and fit those marked `fit`."""
+    """Restandardize the job's members from their data (not those marked `keep`) and fit
+    those marked `fit`."""
     started = time.perf_counter()
     buffers = _buffers_of(job)
     y_mean, y_scale = standardization(buffers)
+    if job.keep is not None and job.y_mean is not None and job.y_scale is not None:
+        for k, keep in enumerate(job.keep):
+            if keep:
+                y_mean[k], y_scale[k] = job.y_mean[k], job.y_scale[k]
     lengthscale, outputscale = job.lengthscale.clone(), job.outputscale.clone()
     learned_noise, jitter = job.learned_noise.clone(), job.jitter.clone()
     failed: list[int] = []
