@@ -30,7 +30,13 @@ already published again (docs/protocol.md, "Fencing"), so the readings sent whil
 it, or that the previous owner received and never stored, are not lost.
 
 What touches the store runs in worker threads, each experiment's calls one at a time (its
-driver awaits each), so the event loop only routes, counts and publishes.
+driver awaits each), so the event loop only routes, counts and publishes. Hyperparameter
+refits run as in `AgentService` (`agent.refits`): in the replica's one fit process, a job per
+experiment at a time, installed by the experiment's driver between batches; a job under way
+finishes in the fit process when the replica lets go of the experiment (its
+result is dropped; the other experiments' fits go on). Inline, each refit ran inside the batch
+that made it due, holding the interpreter lock the other experiments' drivers and the event
+loop need (at 100 experiments most of a replica's CPU, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -53,8 +59,9 @@ import structlog
 from agent.config import AgentConfig
 from agent.control_topic import answer
 from agent.experiment import Experiment
+from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, LiveRound, RoundStatus
-from agent.runtime import INBOX_LIMIT, AgentService
+from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
 from agent.timers import ack_window
 from connectors.metrics import MetricsServer, Readiness
 from connectors.mqtt import (
@@ -182,6 +189,8 @@ class FleetService(AgentService):
         )
         server.start()
         self.metrics_server = server
+        if self.background_refits:
+            self._fit_worker.warm()  # its imports take seconds: not at the first refit
         log.info(
             "fleet.started",
             agent_id=self.owner,
@@ -202,6 +211,7 @@ class FleetService(AgentService):
             with contextlib.suppress(StoreError):
                 await asyncio.to_thread(self._release_all, store, held)
             server.close()
+            self._fit_worker.close()
             for executor in (self._renewals, self._claims):  # a pass under way ends first
                 await asyncio.to_thread(executor.shutdown, True)
             if own_store:
@@ -378,6 +388,7 @@ class FleetService(AgentService):
                 metrics=self.metrics,
                 on_event=self.on_event,
                 device=self.config.device,
+                background_refits=self.background_refits,
             )
         except FencedError as error:
             return f"fenced while loading: {error}"
@@ -426,7 +437,16 @@ class FleetService(AgentService):
         )
         self.held[name] = mine
         self.experiments[name] = exp
-        self._inboxes[name] = asyncio.Queue(maxsize=INBOX_LIMIT)
+        inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
+        self._inboxes[name] = inbox
+        if self.background_refits:
+            wake = _Incoming("refitted", None)
+            self.refits[name] = BackgroundRefits(
+                exp,
+                lambda inbox=inbox, wake=wake: self._offer(inbox, wake),
+                self._fit_worker,
+                keep_worker=True,  # letting go of one experiment ends no other's fit
+            )
         self.metrics.register_experiment(name)
         self.taken.append((name, lease.epoch, time.time()))
         async with self._subscriptions:
@@ -478,6 +498,11 @@ class FleetService(AgentService):
                 log.exception("fleet.experiment_failed")
                 self._quarantine[name] = time.monotonic() + QUARANTINE_S
                 await self._drop(name, "failed", release=True)
+            finally:
+                refits = self.refits.get(name)
+                if refits is not None and refits.exp is exp:  # not a later owner's of it
+                    del self.refits[name]
+                    await refits.close()
 
     async def _take_over(self, exp: Experiment) -> None:
         """Re-publish, with this replica's epoch, every round `unanswered` returns: the device
@@ -521,6 +546,9 @@ class FleetService(AgentService):
                     item.connection.ack(item.message)
         if mine.task is not None and mine.task is not asyncio.current_task():
             mine.task.cancel()
+        refits = self.refits.pop(name, None)
+        if refits is not None:
+            await refits.close()  # a fit under way for it finishes; its result is dropped
         self.dropped.append((name, why, time.time()))
         log.info("fleet.dropped", experiment=name, why=why, epoch=mine.lease.epoch)
         async with self._subscriptions:

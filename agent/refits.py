@@ -115,6 +115,12 @@ def _fit_in_thread(jobs: dict[str, RefitJob]) -> dict[str, RefitFit]:
         return fit_jobs(jobs)
 
 
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a fit nobody waits for any more (`keep_worker`)."""
+    if not done.cancelled():
+        done.exception()
+
+
 class FitWorker:
     """One process that fits hyperparameters for every experiment of a service (spawned: it
     imports torch and BoTorch once, seconds, beside the loop — `warm` starts that early).
@@ -210,17 +216,27 @@ class BackgroundRefits:
         exp: the experiment (its model learns in deferred mode).
         wake: called (on the event loop) when a result is ready, so the driver installs it.
         worker: the fit process (shared by a service's experiments); None fits in a thread.
+        keep_worker: `close` leaves a fit under way in the fit process to finish (its result
+            is dropped) instead of ending the process: a fleet replica lets go of experiments
+            while the others it carries go on, and a fresh fit process imports torch and
+            BoTorch again (seconds of a core) before the next fit.
     """
 
     CATCH_UP_ROWS = 32  # most late rows per member an install appends on the loop, if it can
     PASSES = 3  # factorizations per member at most (each over the rows held when it starts)
 
     def __init__(
-        self, exp: Experiment, wake: Callable[[], None], worker: FitWorker | None = None
+        self,
+        exp: Experiment,
+        wake: Callable[[], None],
+        worker: FitWorker | None = None,
+        *,
+        keep_worker: bool = False,
     ) -> None:
         self.exp = exp
         self._wake = wake
         self.worker = worker
+        self.keep_worker = keep_worker
         self._task: asyncio.Task[None] | None = None
         self._ready: list[tuple[str, Any]] = []
         # tests and benchmarks read these: jobs started, results installed (one per member of
@@ -276,6 +292,11 @@ class BackgroundRefits:
         """Fit one part, then factorize it over the rows held by then (None: it went stale)."""
         if self.worker is None:
             fit = (await asyncio.to_thread(_fit_in_thread, {key: job}))[key]
+        elif self.keep_worker:
+            # cancelled meanwhile (`close`), this task ends at once and the fit goes on
+            fitting = asyncio.ensure_future(self.worker.fit({key: job}))
+            fitting.add_done_callback(_retrieved)
+            fit = (await asyncio.shield(fitting))[key]
         else:
             fit = (await self.worker.fit({key: job}))[key]
         model, result = self.exp.model, None
@@ -327,8 +348,8 @@ class BackgroundRefits:
         return True
 
     async def close(self) -> None:
-        """Cancel a running job (its fit in the fit process is ended; a factorization in a
-        thread finishes and is dropped)."""
+        """Cancel a running job (its fit in the fit process is ended, unless `keep_worker`;
+        a factorization in a thread finishes and is dropped)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

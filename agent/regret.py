@@ -14,7 +14,7 @@ graph-blind GP with its own refits; both are gone.)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -133,6 +133,11 @@ def _reward_moments(
         noise = torch.randn(shape, generator=rng, dtype=query.mean.dtype)
         return query.mean + query.std * noise.to(query.mean)
 
+    if len(groups) > 1:
+        actions = torch.stack([model.action_vector(c) for c in candidates])
+        draws = _mixed_rollout(model, actions, candidates, sample)
+        draws = draws.expand(SAMPLES, len(candidates))
+        return draws.mean(0).cpu(), draws.std(0).cpu()
     for set_actions, members in groups.items():
         actions = torch.stack([model.action_vector(candidates[i]) for i in members])
         values = model.rollout(actions, sample, set_actions=set_actions)
@@ -141,6 +146,50 @@ def _reward_moments(
         mean[index] = draws.mean(0).cpu()
         std[index] = draws.std(0).cpu()
     return mean, std
+
+
+def _mixed_rollout(
+    model: NetworkModel,
+    actions: torch.Tensor,
+    candidates: list[Mapping[str, float]],
+    sample: Callable[[NodeQuery], torch.Tensor],
+) -> torch.Tensor:
+    """The reward's (SAMPLES, K) draws for hard interventions of different target sets, in one
+    pass through the network: each node's posterior is evaluated once for all K candidates,
+    and a node a candidate intervenes on takes that action's value in its column.
+
+    The same draws as one `NetworkModel.rollout` per target set (`set_actions`), with one
+    posterior evaluation per node instead of one per node and target set, each at the rows
+    the per-set rollouts would ask (a node is not asked where a candidate sets it): at these
+    sizes much of a posterior's cost is fixed (tens of torch calls)."""
+    names = model.action_names
+    setting: dict[str, tuple[int, torch.Tensor]] = {}  # node -> (action column, (K,) set mask)
+    for name in names:
+        mask = torch.tensor([name in c for c in candidates], device=actions.device)
+        if bool(mask.any()):
+            setting[model.spec.action(name).targets[0]] = (names.index(name), mask)
+    values: dict[str, torch.Tensor] = {}
+    for node in model.order:
+        column = setting.get(node)
+        if column is not None and bool(column[1].all()):
+            values[node] = actions[..., column[0]]  # every candidate sets it: no GP needed
+            continue
+        inputs = model.node_inputs_at(node, actions, values)
+        if column is None:
+            mean, std = model.node_posterior(node, inputs)
+            values[node] = sample(NodeQuery(node, inputs, mean, std, model.noise_std(node)))
+            continue
+        # asked only where no candidate sets it (as many rows as the per-set rollouts ask)
+        free = (~column[1]).nonzero().squeeze(-1)
+        asked = inputs.index_select(-2, free)
+        mean, std = model.node_posterior(node, asked)
+        drawn = sample(NodeQuery(node, asked, mean, std, model.noise_std(node)))
+        full = actions[..., column[0]].expand((*drawn.shape[:-1], len(candidates))).clone()
+        full[..., free] = drawn
+        values[node] = full
+    if model.reward_function is not None:
+        values[model.reward_node] = model.compose(values, actions)
+    return values[model.reward_node]
 
 
 def _draws(model: NetworkModel, rng: torch.Generator, count: int) -> list[dict[str, float]]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from agent.refits import FitWorker
+from agent.refits import BackgroundRefits, FitWorker
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig
 from core.gp.refit import RefitJob
@@ -156,6 +156,27 @@ async def test_a_cancelled_fit_ends_with_its_process_and_close_ends_the_worker()
     assert second is not None and second != first
     worker.close()
     assert worker.pid is None and not _alive(second)
+
+
+async def test_a_fleet_replica_letting_go_of_an_experiment_leaves_the_shared_fit_running():
+    """`keep_worker` (a fleet replica's refits): closing one experiment's refits while its fit
+    runs ends neither the fit process nor the fit; without it, the process would be killed and
+    every other experiment's next fit would wait for a fresh one to import torch again."""
+    worker = FitWorker()
+    worker.warm()
+    first = worker.pid
+    assert first is not None
+    refits = BackgroundRefits(None, lambda: None, worker, keep_worker=True)  # type: ignore[arg-type]
+    running = asyncio.create_task(refits._refit("nodes", _slow_job()["nodes"]))
+    refits._task = running
+    await asyncio.sleep(3.0)  # the job is in the process (or its imports), not finished
+    assert not running.done()
+    await refits.close()
+    assert running.cancelled()
+    assert worker.ended == 0 and worker.pid == first and _alive(first)
+    worker.close()  # ends the fit still under way
+    assert not _alive(first)
+    await asyncio.sleep(0.5)  # the abandoned fit's waiter sees the pipe close
 
 
 def test_the_fit_process_is_at_its_lower_priority_before_it_imports_torch():
