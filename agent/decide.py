@@ -26,13 +26,20 @@ from policies.base import Constraints, NothingAffordable, Policy, Proposal
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["propose"]
+__all__ = ["propose", "settle"]
 
 ERROR_SUMMARY_CHARS = 300  # of a failing policy's error message, in its one log line
 
 
-def propose(exp: Experiment) -> LiveRound | None:
-    """Choose the next intervention, reserve its cost and record it; None when finished."""
+def propose(exp: Experiment, *, deferred: bool = False) -> LiveRound | None:
+    """Choose the next intervention, reserve its cost and record it; None when finished.
+
+    `deferred`: the model's part of the round — the regret estimate (tens of ms, most of a
+    proposal's cost with a cheap policy), then starting its row and its pending point — is left
+    to `settle`, which the runtime calls once the action is published: it is off the decision's
+    critical path, and computed on the same model as here (nothing touches the experiment in
+    between: its driver awaits the publication, then settles before anything else).
+    """
     started = time.perf_counter()
     number = exp.next_round
     policy = exp.explorer if number < exp.spec.design_rounds else exp.policy
@@ -47,8 +54,20 @@ def propose(exp: Experiment) -> LiveRound | None:
         exp.finish(f"no admissible proposal: {violation}")
         return None
     policy_s = time.perf_counter() - started
-    _bound_regret(exp, vetted.intervention)
-    return _record(exp, number, proposal, vetted, chosen_by.name, policy_s)
+    if not deferred:
+        _bound_regret(exp, vetted.intervention)
+    return _record(exp, number, proposal, vetted, chosen_by.name, policy_s, deferred=deferred)
+
+
+def settle(exp: Experiment, live: LiveRound) -> None:
+    """The model's part of a round `propose(deferred=True)` left: the regret estimate on the
+    model as at the decision, then the round's row and (pipelined) its pending point — the
+    order `propose` follows inline, so the estimate is the same. Once per round; a no-op for a
+    round already settled."""
+    if live.settled:
+        return
+    _bound_regret(exp, live.intervention)
+    _start_model_round(exp, live)
 
 
 def _ask(exp: Experiment, policy: Policy, constraints: Constraints) -> tuple[Proposal, Policy]:
@@ -149,7 +168,14 @@ def packed_vectors(spec: ExperimentSpec) -> tuple[str, ...]:
 
 
 def _record(
-    exp: Experiment, number: int, proposal: Proposal, vetted: Vetted, policy: str, policy_s: float
+    exp: Experiment,
+    number: int,
+    proposal: Proposal,
+    vetted: Vetted,
+    policy: str,
+    policy_s: float,
+    *,
+    deferred: bool = False,
 ) -> LiveRound | None:
     """Store the round and reserve its cost in one transaction, then track it; None (and the
     experiment finished) when the ledger refuses the reservation."""
@@ -173,7 +199,7 @@ def _record(
     except BudgetExceeded as reason:
         exp.finish(f"budget exhausted: {reason}")
         return None
-    live = _start(exp, action, vetted, proposal, policy, now)
+    live = _start(exp, action, vetted, proposal, policy, now, deferred=deferred)
     telemetry.export_budget(exp)
     live.log.info(
         "round.proposed",
@@ -190,9 +216,17 @@ def _record(
 
 
 def _start(
-    exp: Experiment, action: Action, vetted: Vetted, proposal: Proposal, policy: str, now: float
+    exp: Experiment,
+    action: Action,
+    vetted: Vetted,
+    proposal: Proposal,
+    policy: str,
+    now: float,
+    *,
+    deferred: bool = False,
 ) -> LiveRound:
-    """Track the reserved round; the model starts its row (pipelined: a pending point too)."""
+    """Track the reserved round; the model starts its row (pipelined: a pending point too),
+    now or, `deferred`, in `settle` (the row it will have is known: the next one)."""
     live = LiveRound(
         number=action.round,
         action=action,
@@ -200,13 +234,23 @@ def _start(
         cost=vetted.cost,
         acquisition=proposal.acquisition_value,
         policy=policy,
-        model_round=exp.model.start_round(action.intervention),
+        model_round=len(exp.model.history),
         proposed_at=now,
+        settled=False,
     )
     exp.track(live)
+    if not deferred:
+        _start_model_round(exp, live)
+    return live
+
+
+def _start_model_round(exp: Experiment, live: LiveRound) -> None:
+    """The round's row in the model (pipelined: a pending point too); the round is settled."""
+    index = exp.model.start_round(live.intervention)
+    assert index == live.model_round, "a model row was started between propose and settle"
     if exp.spec.schedule.pipeline > 1:  # other rounds will be proposed before this returns
         live.pending = exp.model.add_pending(live.intervention, live.model_round)
-    return live
+    live.settled = True
 
 
 def _reserve(exp: Experiment, action: Action, vetted: Vetted, now: float) -> None:

@@ -169,13 +169,14 @@ class Experiment:
         return bool(fixed) and total - spent < min(fixed) - 1e-12
 
     # ------------------------------------------------------------------ verbs
-    def propose(self) -> LiveRound | None:
+    def propose(self, *, deferred: bool = False) -> LiveRound | None:
         """Choose the next intervention, reserve its cost and record it; None when finished.
 
         Runs the policy (seconds, maybe): the runtime calls it in a worker thread and makes sure
-        nothing else touches this experiment meanwhile.
+        nothing else touches this experiment meanwhile. `deferred`: the regret estimate and the
+        round's model row wait for `mark_published` (`decide.settle`), off the decision's path.
         """
-        return decide.propose(self)
+        return decide.propose(self, deferred=deferred)
 
     def mark_published(self, number: int) -> None:
         """The action left for the broker (QoS 1 handed over)."""
@@ -195,6 +196,7 @@ class Experiment:
             latency = now - self.last_close_at
         live.log.info("round.published", attempt=live.action.attempt, decision_latency_s=latency)
         telemetry.published(self, live, latency)
+        decide.settle(self, live)  # a deferred proposal's model part, now that it is out
 
     def republish(self, number: int) -> Action:
         """The same action (same id) with the next attempt number, recorded before sending."""

@@ -567,16 +567,25 @@ class FleetService(AgentService):
         mine = self.held.get(exp.name)
         return mine is not None and not mine.paused
 
-    async def _publish_action(self, exp: Experiment, action: Action) -> None:
+    async def _publish_action(
+        self, exp: Experiment, action: Action, *, reserved: bool = False
+    ) -> None:
         """Publish with the lease epoch — only while the lease is ours by our own clock and
-        the experiment is not stopped."""
-        state = await asyncio.shield(self._beside(exp.store.experiment_state, exp.name))
-        if state == "stopped":
-            raise NotRunning(exp.name, action.round, state)
+        the experiment is not stopped.
+
+        The state is read before each publication, except for a round just proposed
+        (`reserved`): its reservation read it moments ago, in the same worker call, and refuses
+        a paused or stopped experiment (`NotRunning`); a second read was one more store round
+        trip and thread hand-off on every decision's path, and a stop returning in between
+        lets one publication out either way."""
+        if not reserved:
+            state = await asyncio.shield(self._beside(exp.store.experiment_state, exp.name))
+            if state == "stopped":
+                raise NotRunning(exp.name, action.round, state)
         mine = self.held.get(exp.name)  # checked after the read: the deadline may pass during it
         if mine is None or time.monotonic() >= mine.deadline:
             raise _LeaseExpired(exp.name)
-        await super()._publish_action(exp, action.with_epoch(mine.lease.epoch))
+        await super()._publish_action(exp, action.with_epoch(mine.lease.epoch), reserved=reserved)
 
     async def _subscribe_all(self, connection: MqttConnection) -> None:
         async with self._subscriptions:

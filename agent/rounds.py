@@ -70,6 +70,9 @@ class LiveRound:
     retry_at: float | None = None  # a device said "busy": re-publish then
     expires_tick: float | None = None  # action.expires_at, on the monotonic clock
     pending: int | None = None  # the model's pending-point handle while the round is in flight
+    # False between `propose(deferred=True)` and `settle`: its regret estimate, model row and
+    # pending point are not made yet (the runtime settles it right after publishing it)
+    settled: bool = True
     readings: dict[str, float] = field(default_factory=dict)
     log: FilteringBoundLogger = field(init=False, repr=False, compare=False)
 

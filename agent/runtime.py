@@ -489,9 +489,11 @@ class AgentService:
             for action in due:
                 await self._publish_action(exp, action)
             if may:
-                live = await asyncio.to_thread(exp.propose)
+                # the regret estimate and the model's row wait until the action is out: the
+                # publication is what the decision's latency counts (`mark_published` settles)
+                live = await asyncio.to_thread(exp.propose, deferred=True)
                 if live is not None:
-                    await self._publish_action(exp, live.action)
+                    await self._publish_action(exp, live.action, reserved=True)
                     await asyncio.shield(self._beside(exp.mark_published, live.number))
                     continue
             if exp.finished and not exp.in_flight:
@@ -543,7 +545,11 @@ class AgentService:
                 return
             await self._handle(exp, batch)
 
-    async def _publish_action(self, exp: Experiment, action: Action) -> None:
+    async def _publish_action(
+        self, exp: Experiment, action: Action, *, reserved: bool = False
+    ) -> None:
+        """Publish the action to its actuator (signed if keyed). `reserved`: a round just
+        proposed, whose reservation checked the experiment's state in the same worker call."""
         actuator = exp.spec.actuator_id
         payload = encode(action)
         key = self.device_keys.key(actuator)
