@@ -178,10 +178,11 @@ class Experiment:
         """
         return decide.propose(self, deferred=deferred)
 
-    def mark_published(self, number: int) -> None:
-        """The action left for the broker (QoS 1 handed over)."""
+    def mark_published(self, number: int, at: float | None = None) -> None:
+        """The action left for the broker (QoS 1 handed over) at `at` (`ticks`; default now:
+        the runtime passes when the publication returned, not when this worker call began)."""
         live = self.rounds[number]
-        now = self.ticks()
+        now = self.ticks() if at is None else at
         first = live.published_at is None
         live.published_at = now
         self.open.timers_moved()

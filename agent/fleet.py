@@ -11,8 +11,9 @@ are subscribed (only those of owned experiments: plain MQTT 3.1.1), and it is dr
 
 When it lets go
     - the renewal says *stopped* (`cbo-agent stop`): dropped at once, lease released; and
-      before each publication the desired state is read, so a stopped experiment's actions
-      stop within one publication of the stop returning, not one heartbeat;
+      before each publication the desired state is read (for a new round, by its reservation),
+      so a stopped experiment's actions stop within one publication of the stop returning,
+      not one heartbeat;
     - *paused*: kept, no new round; rounds in flight go on; *running* again: it carries on;
     - the renewal is refused (another replica took it: `FencedError`), or the lease's local
       deadline passed without a renewal (counted on this process's monotonic clock from when

@@ -38,7 +38,7 @@ from agent import identity
 from agent.config import AgentConfig
 from agent.experiment import Experiment
 from agent.refits import BackgroundRefits, FitWorker
-from agent.rounds import EventSink, Verdict
+from agent.rounds import EventSink, LiveRound, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
     IncomingMessage,
@@ -480,22 +480,26 @@ class AgentService:
         for live in exp.open_rounds:  # recovered rounds that never left before a crash
             if live.published_at is None:
                 await self._publish_action(exp, live.action)
-                await asyncio.shield(self._beside(exp.mark_published, live.number))
+                await asyncio.shield(self._beside(exp.mark_published, live.number, exp.ticks()))
         while True:
             # What touches the store runs in a worker thread (a PostgreSQL round trip, an
             # fsync), one call at a time per experiment: this driver awaits each before the
             # next, so the experiment's writes keep their order and nothing else touches it.
-            due, may = await asyncio.shield(self._beside(_due_and_may, exp, self._may_propose(exp)))
+            # The timers, the budget and the proposal are one call: with many experiments
+            # the worker threads are busy and every hop to them waits its turn, so a decision
+            # takes one hop before its publication, not two.
+            may = self._may_propose(exp)
+            due, live = await asyncio.shield(self._beside(_due_and_proposal, exp, may))
             for action in due:
                 await self._publish_action(exp, action)
-            if may:
-                # the regret estimate and the model's row wait until the action is out: the
-                # publication is what the decision's latency counts (`mark_published` settles)
-                live = await asyncio.to_thread(exp.propose, deferred=True)
-                if live is not None:
-                    await self._publish_action(exp, live.action, reserved=True)
-                    await asyncio.shield(self._beside(exp.mark_published, live.number))
-                    continue
+            if live is not None:
+                await self._publish_action(exp, live.action, reserved=True)
+                # the decision ends here, when the action is handed over, not when the
+                # worker thread that marks it gets its turn (`mark_published` then settles
+                # the proposal: its regret estimate, off the decision's latency)
+                published = exp.ticks()
+                await asyncio.shield(self._beside(exp.mark_published, live.number, published))
+                continue
             if exp.finished and not exp.in_flight:
                 self.metrics.set_finished(exp.name, True)
                 if exp.missing_readings():
@@ -801,11 +805,15 @@ def _ack_if_stored(work: asyncio.Future[_Applied], batch: list[_Incoming]) -> No
             item.connection.ack(item.message)
 
 
-def _due_and_may(exp: Experiment, may_propose: bool) -> tuple[list[Action], bool]:
-    """The actions due again now, and whether a new round may start (worker thread: both may
-    read or write the store — timeouts end rounds, the budget is read)."""
+def _due_and_proposal(exp: Experiment, may_propose: bool) -> tuple[list[Action], LiveRound | None]:
+    """The actions due again now, and the next round if one may start (worker thread: timeouts
+    end rounds and the budget is read in the store; the proposal reserves there): None when
+    none may start or the experiment finished. The proposal is deferred (`Experiment.propose`):
+    its regret estimate waits for `mark_published`."""
     due = exp.due(exp.ticks())
-    return due, may_propose and exp.can_propose(exp.ticks())
+    if not (may_propose and exp.can_propose(exp.ticks())):
+        return due, None
+    return due, exp.propose(deferred=True)
 
 
 def _drain(queue: asyncio.Queue[_Letter]) -> list[_Letter]:
