@@ -179,10 +179,17 @@ class Experiment:
         return decide.propose(self, deferred=deferred)
 
     def mark_published(self, number: int, at: float | None = None) -> None:
-        """The action left for the broker (QoS 1 handed over) at `at` (`ticks`; default now:
-        the runtime passes when the publication returned, not when this worker call began)."""
+        """The action left for the broker (QoS 1 handed over) at `at` (`ticks`; default now).
+
+        The decision's latency ends at `at` (the runtime passes when the publication returned,
+        not when this worker call began: on a busy replica that is up to seconds later). The
+        round's timers (its ack timeout) and the rate limit count from now, as they did: the
+        driver reads the ack only after this call, so counting from `at` would spend the
+        device's ack time on the replica's own queue (measured: rounds expired, acks unread).
+        """
         live = self.rounds[number]
-        now = self.ticks() if at is None else at
+        now = self.ticks()
+        handed = now if at is None else at
         first = live.published_at is None
         live.published_at = now
         self.open.timers_moved()
@@ -194,7 +201,7 @@ class Experiment:
                 self.store.bump_attempt(self.name, number)  # the store counts publications
         latency = None  # the decision's: from the last close to this action's first publication
         if first and self.last_close_at is not None:
-            latency = now - self.last_close_at
+            latency = handed - self.last_close_at
         live.log.info("round.published", attempt=live.action.attempt, decision_latency_s=latency)
         telemetry.published(self, live, latency)
         decide.settle(self, live)  # a deferred proposal's model part, now that it is out
