@@ -12,6 +12,7 @@ import pytest
 import agent.decide as decide
 from agent.experiment import Experiment
 from agent.runtime import AgentService
+from connectors.metrics import AgentMetrics
 from connectors.mqtt import BrokerConfig
 from connectors.store import Store
 from sim.device import DeviceSettings, SimulatorDevice
@@ -125,3 +126,27 @@ async def test_the_service_publishes_each_proposal_before_its_regret_estimate(
     for i, model_round in estimates:
         number = next(n for n, live in exp.rounds.items() if live.model_round == model_round)
         assert firsts[number] < i  # that round's action went out first
+
+
+def test_the_latency_ends_at_the_hand_over_and_the_timers_start_at_the_mark():
+    """`mark_published(at=)`: the decision's latency runs to the publication (`at`); the ack
+    timeout counts from the mark, so a replica slow to mark never spends the device's time."""
+    clock = Clock()
+    metrics = AgentMetrics()
+    with Store(":memory:") as store:
+        exp = Experiment(_spec(1), store, clock=clock, metrics=metrics)
+        first = exp.propose(deferred=True)
+        exp.mark_published(first.number)
+        exp.on_ack(ack(exp, first.number))
+        exp.on_readings([reading(exp, first.number, n, 0.5, i) for i, n in enumerate("ABC")])
+        closed = clock.now
+        clock.now += 0.25  # the proposal
+        second = exp.propose(deferred=True)
+        handed = clock.now
+        clock.now += 2.0  # the mark's worker thread gets its turn late
+        exp.mark_published(second.number, handed)
+        seconds = metrics.registry.get_sample_value(
+            "cbo_decision_seconds_sum", {"experiment": exp.name}
+        )
+        assert seconds == pytest.approx(handed - closed)
+        assert second.published_at == clock.now
