@@ -451,10 +451,13 @@ class FleetService(AgentService):
         self.metrics.register_experiment(name)
         self.taken.append((name, lease.epoch, time.time()))
         async with self._subscriptions:
-            if self._connection is not None:
-                with contextlib.suppress(MqttConnectionError):  # the next session subscribes
+            # the session's connection, held once: a session ending during the awaits below
+            # sets `_connection` to None (the next session subscribes what is held)
+            connection = self._connection
+            if connection is not None:
+                with contextlib.suppress(MqttConnectionError):
                     for topic_filter in self._experiment_filters(name):
-                        await self._connection.subscribe(topic_filter)
+                        await connection.subscribe(topic_filter)
         log.info(
             "fleet.taken",
             experiment=name,
@@ -553,10 +556,11 @@ class FleetService(AgentService):
         self.dropped.append((name, why, time.time()))
         log.info("fleet.dropped", experiment=name, why=why, epoch=mine.lease.epoch)
         async with self._subscriptions:
-            if self._connection is not None:
+            connection = self._connection  # held once, as in `_adopt`
+            if connection is not None:
                 with contextlib.suppress(MqttConnectionError):
                     for topic_filter in self._experiment_filters(name):
-                        await self._connection.unsubscribe(topic_filter)
+                        await connection.unsubscribe(topic_filter)
         if release and self._shared is not None:
             with contextlib.suppress(StoreError):
                 await asyncio.to_thread(
