@@ -74,7 +74,9 @@ class SearchSettings(PolicySettings):
 
     Attributes:
         max_seconds: wall-clock cap of one proposal; the best point found so far is returned
-            when it runs out (diagnostics["timed_out"]).
+            when it runs out (diagnostics["timed_out"]). A field model's fit that the proposal
+            had to run first (the service normally fits fields beside the loop) is not counted
+            (diagnostics["field_fit_seconds"], the cap in force in diagnostics["cap_seconds"]).
         restarts: L-BFGS-B starts per region (chosen from the raw samples by BoTorch).
         raw_samples: Sobol points scored per region to choose the starts.
         maxiter: L-BFGS-B iteration cap per region.

@@ -27,6 +27,6 @@ def test_the_optimum_is_the_oracles_maximum_and_the_draft_moves_it_from_the_kiln
     generator = torch.Generator().manual_seed(1)
     others = torch.rand(500, 3, generator=generator, dtype=torch.float64)
     names = ("left", "right", "dwell")
-    values = [env.expected_reward(dict(zip(names, row.tolist()))) for row in others]
+    values = [env.expected_reward(dict(zip(names, row.tolist(), strict=True))) for row in others]
     assert max(values) <= optimum.value + 1e-9
     assert optimum.intervention["left"] > optimum.intervention["right"]  # heat the cold door
