@@ -5,7 +5,11 @@ base points drawn uniformly (seeded by the spec's `initial_design.seed`), each s
 1 + D + D(D−1)/2 points played `c1` times. These are real episodes: they are charged to the
 budget and count in the regret like any other round. The policy asks for the first stencil
 point the history does not hold yet (a point whose round ended without a reward is asked again
-once every other point is played), so an expired round or a restart loses nothing.
+once every other point is played), so an expired round or a restart loses nothing. The points
+are not built up front (`policies._stencil_plan`: two rows per base, a point made when it is
+asked for, a record of the history matched against the rows), so the constructor rounds
+2·T0·D values instead of every coordinate of every point (at D = 414, 85,906 points: a
+minute and 3.5 GB before, docs/benchmarks.md).
 
 Then the summed Hessian estimates are thresholded at c_h (`core.structure.cutoff` when the
 reward node's `noise_std` is known, else the same formula with the noise estimated from the
