@@ -5,7 +5,11 @@ base points drawn uniformly (seeded by the spec's `initial_design.seed`), each s
 1 + D + D(D−1)/2 points played `c1` times. These are real episodes: they are charged to the
 budget and count in the regret like any other round. The policy asks for the first stencil
 point the history does not hold yet (a point whose round ended without a reward is asked again
-once every other point is played), so an expired round or a restart loses nothing.
+once every other point is played), so an expired round or a restart loses nothing. The points
+are not built up front (`policies._stencil_plan`: two rows per base, a point made when it is
+asked for, a record of the history matched against the rows), so the constructor rounds
+2·T0·D values instead of every coordinate of every point (at D = 414, 85,906 points: a
+minute and 3.5 GB before, docs/benchmarks.md).
 
 Then the summed Hessian estimates are thresholded at c_h (`core.structure.cutoff` when the
 reward node's `noise_std` is known, else the same formula with the noise estimated from the
@@ -67,8 +71,6 @@ from core.structure import (
     all_pairs,
     cutoff,
     hessian_from_stencil,
-    stencil,
-    stencil_size,
     structure_from_hessian,
     surrogate_hessian,
 )
@@ -79,6 +81,7 @@ from policies._additive_ucb import (
     check_parameter_experiment,
 )
 from policies._controllers import Controller, controller
+from policies._stencil_plan import Entry, StencilPlan, key
 from policies.base import Constraints, NothingAffordable, Policy, Proposal, intervention_cost
 
 _MAD = 0.6745  # median |N(0, 1)|
@@ -153,17 +156,16 @@ class HAGPUCBPolicy(Policy):
         self._pairs: Pairs = all_pairs(self.dim)
         self._directions: torch.Tensor | None = None
         self._phase_one_facts: dict[str, Any] = {}  # phase 1's timing, for the first proposal
+        self._plan: StencilPlan | None = None  # None: the surrogate's phase 1 plays no episode
         if self.settings.controller is not None:
             self.controller, self._states = self._surrogate_setup()
-            self._points = torch.zeros(0, self.dim, dtype=torch.float64)  # no episodes
         else:
-            self._points = self._phase_one_points()  # (T0·C1·Q, D) declared, in play order
-        self._keys = [self._key(p) for p in self._points.tolist()]
+            self._plan = self._phase_one_plan()
 
     @property
     def phase_one_rounds(self) -> int:
         """Episodes of phase 1: T0 · C1 · (1 + D + the pairs queried); 0 with a controller."""
-        return int(self._points.shape[0])
+        return 0 if self._plan is None else len(self._plan)
 
     def _surrogate_setup(self) -> tuple[Controller, torch.Tensor | None]:
         """The controller and the recorded states; a user mistake is a ValueError naming it."""
@@ -197,29 +199,29 @@ class HAGPUCBPolicy(Policy):
             raise ValueError(f"{self.name}: policy.settings.states_file: {path} holds NaN or inf")
         return found, torch.as_tensor(states, dtype=torch.float64)
 
-    def _phase_one_points(self) -> torch.Tensor:
+    def _phase_one_plan(self) -> StencilPlan:
+        """The stencils of phase 1 (`policies._stencil_plan`: no point is built here)."""
         s = self.settings
         g = torch.Generator().manual_seed(self.spec.initial_design.seed)
         lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
         limit = self.spec.constraints.max_interventions
-        blocks = []
         if limit is not None:  # one stencil at the default θ (module docstring)
             assert self.spec.parameters is not None
             reference = torch.tensor(self.spec.parameters.reference, dtype=torch.float64)
             base = (reference - lower) / span
             self._directions = torch.where(base + s.step <= 1.0, 1.0, -1.0).to(torch.float64)
             self._pairs = self._admissible_pairs(limit)
-            steps = torch.diag(self._directions * s.step * span)  # declared units
-            rows, cols = self._pairs
-            points = torch.cat(
-                [reference.unsqueeze(0), reference + steps, reference + steps[rows] + steps[cols]]
-            )  # untouched coordinates hold the default exactly
-            return torch.cat([points] * (s.t0 * s.c1))
-        for _ in range(s.t0):
-            base = torch.rand(self.dim, generator=g, dtype=torch.float64) * (1.0 - s.step)
-            unit = stencil(base, s.step)
-            blocks += [lower + unit * span] * s.c1
-        return torch.cat(blocks)
+            steps = self._directions * s.step * span  # declared units
+            # untouched coordinates hold the default exactly
+            low, high = reference.unsqueeze(0), (reference + steps).unsqueeze(0)
+            return StencilPlan(low, high, s.t0 * s.c1, self._pairs)
+        bases = [
+            torch.rand(self.dim, generator=g, dtype=torch.float64) * (1.0 - s.step)
+            for _ in range(s.t0)
+        ]  # unit cube; the stencil steps every coordinate up by h
+        low = torch.stack([lower + base * span for base in bases])
+        high = torch.stack([lower + (base + s.step) * span for base in bases])
+        return StencilPlan(low, high, s.c1, self._pairs)
 
     def _admissible_pairs(self, limit: int) -> Pairs:
         """The pairs whose stencil point changes at most `limit` blocks of θ."""
@@ -231,10 +233,6 @@ class HAGPUCBPolicy(Policy):
         keep = (unit_of[rows] == unit_of[cols]) | (limit >= 2)
         return rows[keep], cols[keep]
 
-    @staticmethod
-    def _key(values) -> tuple[float, ...]:
-        return tuple(round(float(v), 9) for v in values)
-
     # ------------------------------------------------------------------ propose
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
@@ -242,11 +240,11 @@ class HAGPUCBPolicy(Policy):
         if self.structure is None and self.controller is not None:
             self._learn_surrogate_structure()
         if self.structure is None:
-            rewards = self._phase_one_rewards(model)
-            missing = [k for k, r in enumerate(rewards) if r is None]
-            if missing:
-                return self._phase_one_proposal(model, missing, constraints)
-            self._learn_structure(rewards, model)
+            assert self._plan is not None
+            rewards, played = self._phase_one_progress(model)
+            if len(rewards) < self._plan.bases * self._plan.size:
+                return self._phase_one_proposal(rewards, played, constraints)
+            self._learn_structure(rewards)
         assert self._ucb is not None and self.structure is not None
         proposal = self._ucb.propose(model, constraints, rng)
         proposal.diagnostics.update(
@@ -258,25 +256,33 @@ class HAGPUCBPolicy(Policy):
         self._phase_one_facts = {}  # reported once, with the first decision of phase 2
         return proposal
 
-    def _phase_one_rewards(self, model: NetworkModel) -> list[float | None]:
-        """Each stencil point's reward (the mean where it was played several times)."""
+    def _phase_one_progress(self, model: NetworkModel) -> tuple[dict[Entry, float], set[Entry]]:
+        """Each stencil point's reward (the mean where it was played several times), by entry
+        of the plan, and the entries played (with or without a reward)."""
+        assert self._plan is not None
         names, reward = self.spec.action_names, model.reward_node
-        seen: dict[tuple[float, ...], list[float]] = {}
-        played: set[tuple[float, ...]] = set()
+        seen: dict[Entry, list[float]] = {}
+        played: set[Entry] = set()
         for record in model.history:
-            key = self._key(record.intervention.get(n, 0.0) for n in names)
-            played.add(key)
+            entries = self._plan.match(key(record.intervention.get(n, 0.0) for n in names))
+            played.update(entries)
             if reward in record.readings:
-                seen.setdefault(key, []).append(float(record.readings[reward]))
-        self._played = played
-        return [sum(seen[k]) / len(seen[k]) if k in seen else None for k in self._keys]
+                for entry in entries:
+                    seen.setdefault(entry, []).append(float(record.readings[reward]))
+        return {entry: sum(v) / len(v) for entry, v in seen.items()}, played
 
     def _phase_one_proposal(
-        self, model: NetworkModel, missing: list[int], constraints: Constraints
+        self, rewards: dict[Entry, float], played: set[Entry], constraints: Constraints
     ) -> Proposal:
-        unplayed = [k for k in missing if self._keys[k] not in self._played]
-        pick = (unplayed or missing)[0]
-        intervention = dict(zip(self.spec.action_names, self._points[pick].tolist(), strict=True))
+        """The first point of the plan not played yet, else the first without a reward."""
+        plan = self._plan
+        assert plan is not None
+        pick = _first_index_not_in(plan, played)
+        if pick is None:
+            pick = _first_index_not_in(plan, set(rewards))
+        assert pick is not None  # some entry has no reward
+        left = len(plan) - plan.repeats * len(rewards)
+        intervention = dict(zip(self.spec.action_names, plan.point(pick).tolist(), strict=True))
         cost = intervention_cost(self.spec, intervention)
         if cost > constraints.round_cap * (1 + 1e-12) + 1e-12:
             raise NothingAffordable(f"a round costs {cost:g}, {constraints.round_cap:g} is left")
@@ -285,13 +291,15 @@ class HAGPUCBPolicy(Policy):
             math.nan,
             cost,
             tuple(self.spec.action_names),
-            {"phase": 1, "query": pick, "queries": self.phase_one_rounds, "left": len(missing)},
+            {"phase": 1, "query": pick, "queries": len(plan), "left": left},
         )
 
-    def _learn_structure(self, rewards: list[float | None], model: NetworkModel) -> None:
-        s = self.settings
-        q = stencil_size(self.dim, self._pairs)
-        values = torch.tensor(rewards, dtype=torch.float64).reshape(-1, q)
+    def _learn_structure(self, rewards: dict[Entry, float]) -> None:
+        s, plan = self.settings, self._plan
+        assert plan is not None
+        table = [[rewards[(base, j)] for j in range(plan.size)] for base in range(plan.bases)]
+        # one row per stencil played, in the plan's order: each base's row `repeats` times
+        values = torch.tensor(table, dtype=torch.float64).repeat_interleave(plan.repeats, dim=0)
         total = sum(
             hessian_from_stencil(v, self.dim, s.step, self._pairs, self._directions) for v in values
         )
@@ -347,3 +355,15 @@ class HAGPUCBPolicy(Policy):
         # the std of one summed entry, estimated robustly; c_h = that · √(2 log(2D²/δ))
         spread = float(magnitude.median()) / _MAD
         return max(spread * math.sqrt(2.0 * math.log(2.0 * self.dim**2 / s.delta)), floor)
+
+
+def _first_index_not_in(plan: StencilPlan, entries: set[Entry]) -> int | None:
+    """The first index of the plan whose entry is not in `entries` (a base's repeats share its
+    entries, so only its first play is looked at); the scan is bounded by len(entries)."""
+    for base in range(plan.bases):
+        j = 0
+        while j < plan.size and (base, j) in entries:
+            j += 1
+        if j < plan.size:
+            return plan.first_index((base, j))
+    return None

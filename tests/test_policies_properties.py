@@ -299,18 +299,7 @@ def test_random_proposals_respect_every_constraint(spec, constraints, seed):
         check(policy, spec, constraints, model, rng)
 
 
-# The HOM controllers' specs (414 coordinates in blocks) take 70-110 s each here, most of it
-# hagpucb's constructor (its phase-1 plan over 85,491 coordinate pairs, 47 s measured):
-# `make test-slow` runs them, so that `make test` stays within CI's time.
-_SLOW_EXAMPLES = {"mpe-tag-hom", "mpe-tag-het-hom", "mpe-tag-hom-no-ra"}
-
-
-def _example_param(path: Path) -> object:
-    marks = [pytest.mark.slow] if path.stem in _SLOW_EXAMPLES else []
-    return pytest.param(path, id=path.stem, marks=marks)
-
-
-@pytest.mark.parametrize("path", [_example_param(p) for p in sorted(EXAMPLES.glob("*.yaml"))])
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_policy_proposes_on_every_example_before_any_data(path):
     """A model with no data is the prior everywhere: a flat acquisition with no gradient. Every
     policy still proposes an admissible intervention, without an exception (the agent would
