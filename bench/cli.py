@@ -665,7 +665,12 @@ def _add_regret(which: argparse._SubParsersAction) -> None:
     )
     regret.add_argument("--policy", nargs="+", metavar="P", help="policies (default: all)")
     regret.add_argument("--seeds", type=positive_int, default=20, help="seeds 0..N-1 (20)")
-    regret.add_argument("--rounds", type=positive_int, default=100, help="policy rounds (100)")
+    regret.add_argument(
+        "--rounds",
+        type=positive_int,
+        help="policy rounds (100; paper 001's budgeted domains: as many as the budget pays "
+        "for at the cheapest trial, so the budget ends the run)",
+    )
     regret.add_argument(
         "--out", type=Path, default=Path("results/regret"), metavar="DIR", help="(results/regret)"
     )
