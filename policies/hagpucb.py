@@ -46,7 +46,8 @@ relative: the entries above `tolerance` × the largest summed entry are edges (t
 all detected edges"; a structural zero is an exact 0 of the autodiff), then the `max_edges` cap.
 A saturated unit (tanh of a large input) has a vanishing curvature: its edges fall under any
 cut-off at those states, so the states should be typical ones, and more of them (`states`,
-`c1`) or more θ (`t0`) help. The Hessian is taken in the unit cube of the bounds, like the stencils'.
+`c1`) or more θ (`t0`) help. The Hessian is taken in the unit cube of the bounds, like the
+stencils'.
 The whole of phase 1 then runs inside the first decision (the HOM's 414 parameters: 32 s for the
 default 4 states in one unlocked trial at load 5 on the 2-core machine, the Hessian dense: 84,255
 of its 85,491 pairs nonzero, so the cap decides) and every round is a round of phase 2.
