@@ -68,3 +68,45 @@ def test_visited_states_mistakes_are_one_plain_error(settings, message):
     with pytest.raises(ValueError, match="hagpucb: ") as error:
         _policy(settings)
     assert message in str(error.value)
+
+
+def _reading(exp, round_: int, states: np.ndarray, seq: int):
+    from connectors.arrays import ArrayPayload
+    from connectors.schemas import Reading
+
+    fields = {"experiment": exp.name, "round": round_, "node": "R", "seq": seq, "at": 0.0}
+    payload = ArrayPayload.from_numpy(states)
+    return Reading(**fields, value=1.0, device_id="dev", states=payload)
+
+
+def _experiment(policy: dict):
+    from agent.experiment import Experiment
+    from connectors.store import Store
+    from tests.test_agent_join import Clock, ack
+
+    spec = _swimmer_spec(policy.get("settings", {}))
+    spec = spec.model_copy(update={"policy": spec.policy.model_copy(update=policy)})
+    store = Store(":memory:")
+    exp = Experiment(spec, store, seed=0, clock=Clock())
+    live = exp.propose()
+    exp.mark_published(live.number)
+    exp.on_ack(ack(exp, live.number))
+    return exp, store, live
+
+
+def test_the_join_stores_the_states_and_hands_them_to_the_policy_or_refuses_them():
+    states = _states(7, 2, 6).numpy()
+    exp, store, live = _experiment({"name": "random", "settings": {}})
+    (verdict,) = exp.on_readings([_reading(exp, live.number, states, 0)])
+    assert (verdict.outcome, verdict.reason) == ("rejected", "unexpected_states")
+    assert store.readings(exp.name) == [] and store.visited_states(exp.name) == []
+
+    settings = {"controller": "mamujoco-swimmer", "visited_states": 100}
+    exp, store, live = _experiment({"name": "hagpucb", "settings": settings})
+    (wrong,) = exp.on_readings([_reading(exp, live.number, _states(7, 3, 6).numpy(), 0)])
+    assert (wrong.outcome, wrong.reason) == ("rejected", "wrong_shape")
+    (good,) = exp.on_readings([_reading(exp, live.number, states, 1)])
+    assert good.outcome == "accepted"
+    (trace,) = store.visited_states(exp.name)
+    assert trace.round == live.number and np.array_equal(trace.array(), states.astype(np.float32))
+    assert exp.policy._visited_rows == 7 and live.status.value == "closed"
