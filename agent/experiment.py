@@ -84,6 +84,10 @@ class Experiment:
         self.on_event = on_event or (lambda event: None)
         self.model = NetworkModel(spec, device=device, deferred_refits=background_refits)
         self.policy: Policy = make_policy(spec.policy.name, spec, spec.policy.settings)
+        if background_refits and self.model.array_shapes:
+            # field models built at their first reading, so the background refits fit them
+            # before a decision needs them (issue 15: not inside the decision's cap)
+            self.model.prepare_fields(*self.policy.field_model_settings())
         self.explorer: Policy = RandomPolicy(spec)
         if seed is None:
             seed = spec.initial_design.seed

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from core.network import NetworkModel, NodeQuery
+from core.network import FieldDraws, NetworkModel, NodeQuery
 from core.spec import ExperimentSpec
 
 
@@ -87,39 +87,64 @@ def regret_bound(
     chosen intervention, the last _PAST ones run, and uniform draws over the allowed target
     sets (or the spec's finite candidates), CANDIDATES in all. Cost: CANDIDATES × SAMPLES
     posterior evaluations per node, O(n²) each — bounded whatever the experiment's length;
-    no other model is kept. None until the reward node has two observations, and for a
-    network with array nodes (a reward of fields, or a field feeding scalar nodes): drawing a
-    field's sample paths may need its model fitted first, seconds this bound must not spend.
+    no other model is kept. None until the reward has two observations.
+
+    Array nodes (a reward of fields, or a field feeding scalar nodes; issue 15): each field
+    takes SAMPLES Matheron sample paths of its model *as fitted now* (rollout s passes path s
+    on, as the policies' rollouts do), O(n³ + t³) once per call (the Kronecker eigen-solve,
+    `core.gp.matheron`). A field is never fitted here — seconds this estimate must not spend:
+    while a field with readings has no fitted model yet (the service fits it beside the loop,
+    `NetworkModel.prepare_fields`) the round has no estimate (None), and the running sum
+    leaves that round out. The spread over the rollouts is then the fields' epistemic
+    uncertainty (sample paths of the latent field, not its observation noise) with the scalar
+    nodes' posterior draws.
 
     Under a calibrated model UCB − LCB bounds the round's regret only if the candidates reach
     the UCB's maximum over the whole domain; a finite candidate set may fall short of it, so
     the sum is a model-based estimate, not a bound.
     """
-    if model.array_shapes:  # fields are not sampled here (see above)
+    if not _enough_rewards(model):
         return None
-    reward = model.reward_node
-    counts = model.gp.num_observations.tolist()
-    learners = [model.member[reward]] if reward in model.member else list(model.member.values())
-    if min(counts[j] for j in learners) < 2:
-        return None
+    fields = None
+    if model.array_shapes:
+        fields = model.fitted_field_draws(SAMPLES, rng)
+        if fields is None:  # a field's first fit is not in yet: no estimate this round
+            return None
     chosen = dict(intervention)
     past = [r.intervention for r in model.history[-_PAST - 1 : -1]]
     candidates = [chosen, *past]
     candidates += _draws(model, rng, max(CANDIDATES - len(candidates), 0))
-    mean, std = _reward_moments(model, candidates[:CANDIDATES], rng)
+    mean, std = _reward_moments(model, candidates[:CANDIDATES], rng, fields)
     ucb_best = float((mean + REGRET_BETA * std).max())
     lcb_chosen = float(mean[0] - REGRET_BETA * std[0])
     return ucb_best, lcb_chosen
 
 
+def _enough_rewards(model: NetworkModel) -> bool:
+    """Whether the reward has two observations: its node GP's rows, its components' (a
+    decomposed reward), or the rounds with a reward (a reward of fields has no GP of its own,
+    and a network of array nodes only has none at all)."""
+    reward = model.reward_node
+    if model.field_reward is not None or not model.order:
+        return len(model.observed_rewards) >= 2
+    counts = model.gp.num_observations.tolist()
+    learners = [model.member[reward]] if reward in model.member else list(model.member.values())
+    return min(counts[j] for j in learners) >= 2
+
+
 @torch.no_grad()
 def _reward_moments(
-    model: NetworkModel, candidates: list[Mapping[str, float]], rng: torch.Generator
+    model: NetworkModel,
+    candidates: list[Mapping[str, float]],
+    rng: torch.Generator,
+    fields: FieldDraws | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(K,) mean and std of the reward over SAMPLES rollouts of each candidate intervention.
 
     Candidates are grouped by the actions they set (a hard intervention fixes its nodes), one
-    batched rollout per group: (SAMPLES, k) draws of every node."""
+    batched rollout per group: (SAMPLES, k) draws of every node. `fields`: SAMPLES sample
+    paths of each array node (soft interventions only: an array node is fed by soft actions,
+    so there is one group)."""
     hard = model.spec.intervention == "hard"
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, candidate in enumerate(candidates):
@@ -140,7 +165,9 @@ def _reward_moments(
         return draws.mean(0).cpu(), draws.std(0).cpu()
     for set_actions, members in groups.items():
         actions = torch.stack([model.action_vector(candidates[i]) for i in members])
-        values = model.rollout(actions, sample, set_actions=set_actions)
+        if fields is not None:  # (1, k, A): the paths' S leads, as in the policies' rollouts
+            actions = actions.unsqueeze(0)
+        values = model.rollout(actions, sample, set_actions=set_actions, fields=fields)
         draws = values[model.reward_node].expand(SAMPLES, len(members))
         index = torch.tensor(members)
         mean[index] = draws.mean(0).cpu()

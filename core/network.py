@@ -21,6 +21,7 @@ draws the field from its posterior — S Matheron sample paths on fixed base sam
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,8 @@ class FieldDraws:
         paths: array node -> its sample paths (nodes without readings are absent).
         count: S.
         refitted: the nodes whose field model was fitted while these were drawn.
+        fit_seconds: the wall seconds those fits took (model upkeep, not a policy's search:
+            `policies._search` keeps them out of a decision's cap).
     """
 
     def __init__(
@@ -130,15 +133,17 @@ class FieldDraws:
         count: int,
         refitted: Sequence[str] = (),
         rows: int | None = None,
+        fit_seconds: float = 0.0,
     ) -> None:
         self.paths = dict(paths)
         self.count = count if rows is None else min(rows, count)
         self.refitted = list(refitted)
+        self.fit_seconds = fit_seconds
         self._rows = rows
 
     def first(self, rows: int) -> FieldDraws:
         """The first `rows` paths (a valid sample of that many paths: they are independent)."""
-        return FieldDraws(self.paths, self.count, self.refitted, rows)
+        return FieldDraws(self.paths, self.count, self.refitted, rows, self.fit_seconds)
 
     def __call__(self, node: str, x: torch.Tensor) -> torch.Tensor | None:
         """(S, b, *shape) the node's paths at inputs x (b, d); None if it has none."""
@@ -191,6 +196,8 @@ class NetworkModel:
             if not (spec.reward.decomposed and n == self.reward_node) and n not in self.array_shapes
         ]
         self.fields: dict[str, FieldModel] = {}  # array node -> its model, once built
+        # the kind and fit steps of the field models when declared up front (`prepare_fields`)
+        self.field_settings: tuple[FieldModelKind, int] | None = None
         self.action_names: list[str] = spec.action_names
         self._action_column = {name: i for i, name in enumerate(self.action_names)}
         self.inputs: dict[str, NodeInputs] = {
@@ -427,6 +434,11 @@ class NetworkModel:
         record.readings[node] = float(array.mean())
         if node in self.fields:
             self.fields[node].learn_one(self._field_input(node, record.intervention), array)
+        elif self.field_settings is not None:
+            # declared up front (`prepare_fields`): built now, from the history this record is
+            # already in, so that its first fit is due at once and the service's refits run it
+            # beside the loop (`refit_jobs`) rather than the next decision inside its cap
+            self.field_model(node, *self.field_settings)
 
     def _learn_rows(self, rows: Sequence[tuple[Round, str]], refit: bool) -> LearnReport:
         """Learn (round, node) rows with one block: each node's rows in the order given."""
@@ -760,6 +772,18 @@ class NetworkModel:
         columns = [self._action_column[a] for a in self.inputs[node].actions]
         return actions[..., columns]
 
+    def prepare_fields(self, kind: FieldModelKind = "hogp", fit_steps: int = 50) -> None:
+        """Build each array node's field model at its first reading (not at the first
+        decision that asks for it), with this kind and fit effort (the policy's:
+        `Policy.field_model_settings`). A built model's due fits are handed out by `refit_jobs`
+        like the node GPs', so a service that runs those beside its loop (`agent.refits`) fits
+        a field before a decision needs it: the first fit, seconds, then stays out of the
+        decision and its wall-clock cap. Nodes that already have readings are built now."""
+        self.field_settings = (kind, fit_steps)
+        for node in self.array_shapes:
+            if any(node in record.arrays for record in self.history):
+                self.field_model(node, kind, fit_steps)
+
     def field_model(
         self, node: str, kind: FieldModelKind = "hogp", fit_steps: int = 50
     ) -> FieldModel:
@@ -829,14 +853,31 @@ class NetworkModel:
         generator = torch.Generator().manual_seed(seed)
         paths: dict[str, FieldSamples] = {}
         refitted: list[str] = []
+        fit_seconds = 0.0
         for node in self.array_shapes:
             model = self.field_model(node, kind, fit_steps)
             if model.n == 0:
                 continue
+            started = time.perf_counter()
             if self.refresh_field(node):
                 refitted.append(node)
+                fit_seconds += time.perf_counter() - started
             paths[node] = model.samples(count, generator)
-        return FieldDraws(paths, count, refitted)
+        return FieldDraws(paths, count, refitted, fit_seconds=fit_seconds)
+
+    def fitted_field_draws(self, count: int, generator: torch.Generator) -> FieldDraws | None:
+        """`count` sample paths of every array node with readings from its model as fitted
+        now — never a fit here (for `agent.regret`, which must stay cheap); None while a node
+        with readings has no fitted model yet."""
+        paths: dict[str, FieldSamples] = {}
+        for node in self.array_shapes:
+            model = self.fields.get(node)
+            if model is None or model.gp is None:
+                if any(node in record.arrays for record in self.history):
+                    return None
+                continue
+            paths[node] = model.samples(count, generator)
+        return FieldDraws(paths, count)
 
     def refresh_field(self, node: str) -> bool:
         """Fit the node's field model now if it has never been fitted, or if a refit is due

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from core.gp.field import FieldModelKind
 from core.network import NetworkModel, NodeQuery
 from core.spec import ExperimentSpec
 from policies._optimize import sobol_normals
@@ -43,6 +44,12 @@ class CompositeSettings(SearchSettings):
     fit_steps: int = Field(default=50, ge=1)
 
 
+def composite_field_settings(settings: CompositeSettings) -> tuple[FieldModelKind, int]:
+    """The composite policies' `Policy.field_model_settings`: their own `field_model` and
+    `fit_steps`."""
+    return settings.field_model, settings.fit_steps
+
+
 def check_composite_spec(spec: ExperimentSpec, name: str) -> None:
     """ValueError unless the reward is g over components among which are array nodes."""
     if not set(spec.array_nodes) & set(spec.reward.components):
@@ -62,6 +69,7 @@ class CompositeProblem(Problem):
             settings.mc_samples, seed, settings.field_model, settings.fit_steps
         )
         self.refitted = self.fields.refitted
+        self.upkeep_seconds = self.fields.fit_seconds  # kept out of the cap (`_search`)
         # Before a field has any reading there is nothing to fit: every point is alike (the
         # acquisition is flat, 0), as for the other policies' prior before data.
         self.blind = any(node not in self.fields.paths for node in model.array_shapes)
@@ -99,4 +107,8 @@ class CompositeProblem(Problem):
         return self.reward_samples(actions).mean(0)
 
     def diagnostics(self) -> dict[str, Any]:
-        return {"best_f": self.best, "refitted": self.refitted}
+        return {
+            "best_f": self.best,
+            "refitted": self.refitted,
+            "field_fit_seconds": self.fields.fit_seconds,
+        }

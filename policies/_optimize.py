@@ -47,6 +47,16 @@ class Deadline:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
+    @property
+    def cap(self) -> float:
+        """The cap in force: `seconds` plus what `exclude` kept out."""
+        return self.end - self.start
+
+    def exclude(self, seconds: float) -> None:
+        """Keep `seconds` already spent out of the cap (model upkeep such as a field model's
+        fit: it is not the search the cap bounds); `elapsed` still counts them."""
+        self.end += max(seconds, 0.0)
+
 
 def seed_from(generator: torch.Generator) -> int:
     """A fresh integer seed drawn from the policy's generator."""

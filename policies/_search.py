@@ -74,7 +74,9 @@ class SearchSettings(PolicySettings):
 
     Attributes:
         max_seconds: wall-clock cap of one proposal; the best point found so far is returned
-            when it runs out (diagnostics["timed_out"]).
+            when it runs out (diagnostics["timed_out"]). A field model's fit that the proposal
+            had to run first (the service normally fits fields beside the loop) is not counted
+            (diagnostics["field_fit_seconds"], the cap in force in diagnostics["cap_seconds"]).
         restarts: L-BFGS-B starts per region (chosen from the raw samples by BoTorch).
         raw_samples: Sobol points scored per region to choose the starts.
         maxiter: L-BFGS-B iteration cap per region.
@@ -171,6 +173,9 @@ class Problem(ABC):
         """(N, A) full soft action vectors -> (N,) acquisition values."""
 
     baseline_is_zero: bool = False  # the acquisition is itself an improvement (EI): α₀ = 0
+    # Seconds the problem's construction spent on model upkeep (fitting a field model that had
+    # never been fitted, or was due and not fitted beside the decision): kept out of the cap.
+    upkeep_seconds: float = 0.0
 
     def mean_value(self, actions: torch.Tensor, set_actions: tuple[str, ...]) -> torch.Tensor:
         """(N, A) -> (N,) the β = 0 (posterior-mean) value, for the cost-aware baseline α₀."""
@@ -283,6 +288,10 @@ class SearchPolicy(Policy):
     ) -> Proposal:
         deadline = Deadline(self.settings.max_seconds)
         problem = self.problem(model, seed_from(rng), deadline)
+        # `max_seconds` caps the search, not the model's upkeep: a field fit the problem had to
+        # run (the service normally runs it beside the decision, `NetworkModel.prepare_fields`)
+        # would otherwise eat the whole cap and leave the search one restart (issue 15)
+        deadline.exclude(problem.upkeep_seconds)
         if self.spec.candidates is not None:
             return self._propose_candidate(model, constraints, problem, deadline)
         regions = admissible_regions(
@@ -313,6 +322,7 @@ class SearchPolicy(Policy):
             timed_out=timed_out,
             acquisition=solution.acquisition,
             seconds=deadline.elapsed(),
+            cap_seconds=deadline.cap,
         )
         return self._proposal(region, solution, constraints, diagnostics)
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from core.gp.field import FieldModelKind
 from core.network import NetworkModel
 from core.plain_errors import plain_problems
 from core.spec import ExperimentSpec
@@ -125,6 +126,13 @@ class Policy(ABC):
     # 15): those whose rollouts pass the field's sample paths on (`NetworkModel.rollout`) and
     # those that need no node GP.
     handles_field_parents: ClassVar[bool] = False
+
+    def field_model_settings(self) -> tuple[FieldModelKind, int]:
+        """The kind and Adam steps of the array nodes' models this policy draws from (as its
+        `NetworkModel.field_draws` calls ask), so that a service can build and fit them before
+        the first decision (`NetworkModel.prepare_fields`)."""
+        return "hogp", 50
+
     # Whether the policy keeps a limit on the blocks of a parameter vector changed per round
     # (`Constraints.max_blocks`); the others refuse such a spec.
     handles_block_limits: ClassVar[bool] = False

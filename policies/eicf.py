@@ -13,9 +13,15 @@ from __future__ import annotations
 import torch
 from botorch.utils.safe_math import log_fatplus, logmeanexp
 
+from core.gp.field import FieldModelKind
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
-from policies._composite import CompositeProblem, CompositeSettings, check_composite_spec
+from policies._composite import (
+    CompositeProblem,
+    CompositeSettings,
+    check_composite_spec,
+    composite_field_settings,
+)
 from policies._optimize import Deadline
 from policies._search import Problem, SearchPolicy
 
@@ -33,6 +39,9 @@ class EICFPolicy(SearchPolicy):
     def __init__(self, spec: ExperimentSpec, settings: dict | None = None) -> None:
         super().__init__(spec, settings)
         check_composite_spec(spec, self.name)
+
+    def field_model_settings(self) -> tuple[FieldModelKind, int]:
+        return composite_field_settings(self.settings)  # type: ignore[arg-type]
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _EICFProblem(self, model, seed)

@@ -108,6 +108,7 @@ class _EIFNProblem(Problem):
         self.fields = (
             model.field_draws(self.settings.mc_samples, seed) if model.array_shapes else None
         )
+        self.upkeep_seconds = 0.0 if self.fields is None else self.fields.fit_seconds
         rewards = model.observed_rewards
         self.best_f = max(rewards) if rewards else -math.inf
         self.log_ei = self.settings.log_ei and not self.settings.cost_aware
@@ -180,4 +181,5 @@ class _EIFNProblem(Problem):
         info: dict[str, Any] = {"best_f": self.best_f, "log_ei": self.log_ei}
         if self.fields is not None:
             info["fields_refitted"] = self.fields.refitted
+            info["field_fit_seconds"] = self.fields.fit_seconds
         return info

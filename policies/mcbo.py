@@ -161,6 +161,8 @@ class _MCBOProblem(Problem):
         self.info: dict[str, Any] = {"beta": self.beta}
         if self.fields is not None:
             self.info["fields_refitted"] = self.fields.refitted
+            self.info["field_fit_seconds"] = self.fields.fit_seconds
+            self.upkeep_seconds = self.fields.fit_seconds
 
     # ------------------------------------------------------------------ structure
     def eta_nodes(self, set_actions: tuple[str, ...]) -> list[str]:

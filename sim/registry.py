@@ -20,6 +20,7 @@ from sim.gw20 import GW20
 from sim.key2 import KEY2
 from sim.key3 import KEY3
 from sim.kiln import Kiln
+from sim.kiln_draft import KilnDraft
 from sim.mamujoco import MaMuJoCoSwimmer
 from sim.mamujoco_ant import MaMuJoCoAnt
 from sim.mc import MC
@@ -57,6 +58,8 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "brusselator": lambda seed: Brusselator(),
     # issue 15: a field (16 probes) that feeds a scalar node, the reward
     "kiln": lambda seed: Kiln(),
+    # and one whose field reveals a disturbance the actions do not (an unseen draft)
+    "kiln-draft": lambda seed: KilnDraft(),
     # paper 001's subgoal domains: a seed draws the oracle's test environments
     "gw10": lambda seed: GW10.create(seed),
     "gw20": lambda seed: GW20.create(seed),
