@@ -31,6 +31,8 @@ VERSIONS: Final = (
     "reservation released (a partial multi-fidelity trial)",
     # issue 15 was assigned version 6: another branch holds version 5; the lead renumbers on merge
     "readings: arrays (a node with a shape): dtype, shape and little-endian bytes",
+    # issue 13's visited states; the lead renumbers on merge if another branch took this one
+    "visited_states: the states a device's controller visited in a round (paper 000)",
 )
 
 # The values the CHECK constraints allow, frozen with the migration that wrote them (its DDL
