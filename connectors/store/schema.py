@@ -29,9 +29,9 @@ VERSIONS: Final = (
     "experiments: desired state (running, paused, stopped) and lease (owner, epoch, expiry)",
     "readings: the variance of a mean and its replications; ledger: the part of a settled "
     "reservation released (a partial multi-fidelity trial)",
-    # issue 15 was assigned version 6: another branch holds version 5; the lead renumbers on merge
+    # version 5 (issue 15)
     "readings: arrays (a node with a shape): dtype, shape and little-endian bytes",
-    # issue 13's visited states; the lead renumbers on merge if another branch took this one
+    # version 6 (issue 13)
     "visited_states: the states a device's controller visited in a round (paper 000)",
 )
 
