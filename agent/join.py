@@ -151,9 +151,21 @@ def _check(exp: Experiment, reading: Reading, taken: set[tuple[int, str]]) -> Ve
         bad = implausible(exp.spec, reading.node, scalar)
     if bad:
         return Verdict("rejected", bad)
+    if reading.states is not None and (bad := _states_problem(exp, reading)):
+        return Verdict("rejected", bad)
     if reading.node in live.readings or (live.number, reading.node) in taken:
         return Verdict("duplicate")
     return _Candidate(reading, live, value, scalar)
+
+
+def _states_problem(exp: Experiment, reading: Reading) -> str:
+    """Why a reading's visited states are refused, else '': only the reward's reading carries
+    them, for a policy that takes them (`Policy.states_shape`), in its (agents, obs)."""
+    shape = exp.policy.states_shape()
+    if shape is None or reading.node != exp.spec.reward.node:
+        return "unexpected_states"
+    assert reading.states is not None
+    return "" if tuple(reading.states.shape[1:]) == shape else "wrong_shape"
 
 
 def _stored(exp: Experiment, candidate: _Candidate, fresh: Fresh, now: float) -> Verdict:
@@ -171,6 +183,11 @@ def _stored(exp: Experiment, candidate: _Candidate, fresh: Fresh, now: float) ->
     if reading.variance is not None or reading.replications is not None:
         _replicated(exp, live, reading.node, reading.variance, reading.replications, now)
     fresh.setdefault(live.number, {})[reading.node] = candidate.value
+    if reading.states is not None:
+        states = reading.states.to_numpy()
+        # in the batch's transaction, beside the reading: recovery replays both or neither
+        if exp.store.add_states(exp.name, live.number, reading.device_id, states, now):
+            exp.policy.observe_states(live.number, states)
     if given_up:
         return Verdict("late")
     return Verdict("late" if live.status is RoundStatus.CLOSED else "accepted")

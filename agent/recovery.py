@@ -68,6 +68,7 @@ def recover(exp: Experiment) -> None:
         exp.last_publish_at = exp.tick_of(max(published))
     resumed = _resume_kept_rows(exp)
     readings = _replay_readings(exp)
+    _replay_states(exp)
     snapshot = _load_snapshot(exp, load=not resumed)
     for oracle in exp.store.oracles(exp.name):
         # stored by an agent that did not check them yet: the same checks as a live message
@@ -167,6 +168,14 @@ def _replay_readings(exp: Experiment) -> int:
         if reading.node == exp.model.reward_node:
             exp.regret.observe_reward(reading.round, reading.value)
     return len(readings)
+
+
+def _replay_states(exp: Experiment) -> None:
+    """Hand the policy the stored traces of visited states again, in arrival order."""
+    if exp.policy.states_shape() is None:
+        return  # none were stored: the join refuses states such a policy does not take
+    for row in exp.store.visited_states(exp.name):
+        exp.policy.observe_states(row.round, row.array())
 
 
 def _resume_kept_rows(exp: Experiment) -> bool:

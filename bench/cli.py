@@ -145,16 +145,27 @@ def _ingest(args: argparse.Namespace) -> int:
     if _bad_device("ingest", [args.device]):
         return 2
     try:
+        if args.merge:
+            ingest.merge(args.merge, args.json)
+            return 0
+        piece = args.repeat_index is not None or args.no_throughput
+        if piece and args.json is None:
+            raise ingest.BadPieces("a piece (--repeat-index, --no-throughput) needs --json")
+        envs = args.latency_envs
+        if envs is None:  # a throughput piece measures latencies only when they are named
+            envs = [] if args.repeat_index is not None else ["all"]
         ingest.run(
             args.env,
             args.rounds,
-            args.latency_envs,
+            envs,
             args.latency_rounds,
             args.json,
             repeats=args.repeats,
             device=args.device,
+            repeat_index=None if args.repeat_index is None else args.repeat_index - 1,
+            throughput=not args.no_throughput,
         )
-    except ingest.QueueTooSmall as error:
+    except (ingest.QueueTooSmall, ingest.BadPieces) as error:
         print(f"cbo-agent bench ingest: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -410,13 +421,33 @@ def _add_ingest(which: argparse._SubParsersAction) -> None:
         "--latency-envs",
         nargs="*",
         metavar="E",
-        default=["all"],
-        help="environments whose decision latency is measured ('all': every one with a spec "
-        "in examples/; none given: skip)",
+        default=None,
+        help="environments whose decision latency is measured ('all', the default: every one "
+        "with a spec in examples/; none given: skip; with --repeat-index: none unless named)",
     )
     ingest.add_argument("--latency-rounds", type=positive_int, default=20)
     ingest.add_argument(
         "--repeats", type=positive_int, default=5, help="interleaved runs per side (5)"
+    )
+    ingest.add_argument(
+        "--repeat-index",
+        type=positive_int,
+        metavar="I",
+        help="run only the I-th of the --repeats pairs (1-based), as a piece of the table: "
+        "write it with --json and put the pieces together with --merge",
+    )
+    ingest.add_argument(
+        "--no-throughput",
+        action="store_true",
+        help="measure only the decision latencies (a piece of the table, with --json)",
+    )
+    ingest.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="PIECE",
+        help="print (and with --json write) the table the pieces' JSON files make together; "
+        "measures nothing",
     )
     ingest.add_argument("--json", type=Path, help="write the results as JSON here")
     _add_device(ingest)
@@ -634,7 +665,12 @@ def _add_regret(which: argparse._SubParsersAction) -> None:
     )
     regret.add_argument("--policy", nargs="+", metavar="P", help="policies (default: all)")
     regret.add_argument("--seeds", type=positive_int, default=20, help="seeds 0..N-1 (20)")
-    regret.add_argument("--rounds", type=positive_int, default=100, help="policy rounds (100)")
+    regret.add_argument(
+        "--rounds",
+        type=positive_int,
+        help="policy rounds (100; paper 001's budgeted domains: as many as the budget pays "
+        "for at the cheapest trial, so the budget ends the run)",
+    )
     regret.add_argument(
         "--out", type=Path, default=Path("results/regret"), metavar="DIR", help="(results/regret)"
     )

@@ -3,9 +3,11 @@
 A row per (env, policy): seeds, rounds (requested cap), budget, mean_spent,
 mean_final_score / se_final_score (the final recommendation's test score: −log steps, TR the
 discounted return; higher is better), mean_final_steps, table1_ratio (per multiple m … 10m,
-the mean over seeds of paper 001's Table 1 ratio), decision_seconds and update_seconds (mean
-per round), seeds_failed. A row "ql" per env holds the subgoal-free Q-learning baseline
-measured in every run's test environments. The plot is the paper's Figure 7: the
+paper 001's Table 1 ratio E[V with θ_rec] / E[V from scratch] with both expectations over the
+seeds' test environments: `table1_ratio_of`), decision_seconds and update_seconds (mean per
+round), seeds_failed, seeds_stopped_early (runs the round cap ended with budget unspent).
+A row "ql" per env holds the subgoal-free Q-learning baseline measured in every run's test
+environments. The plot is the paper's Figure 7: the
 recommendation's test score against cumulative cost, mean ± 1 SE over seeds.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIDELITY_COLUMNS", "fidelity_row", "plot_cost", "ql_row"]
+__all__ = ["FIDELITY_COLUMNS", "fidelity_row", "plot_cost", "ql_row", "table1_ratio_of"]
 
 FIDELITY_COLUMNS = [
     ("budget", "budget"),
@@ -47,16 +49,31 @@ def fidelity_row(env: str, policy: str, group: Sequence[Mapping[str, Any]]) -> d
     row["mean_spent"] = float(np.mean([p["spent"] for p in done])) if done else None
     row["mean_final_score"], row["se_final_score"] = _mean_se([m["final_score"] for m in metrics])
     row["mean_final_steps"], _ = _mean_se([m["final_steps"] for m in metrics])
-    ratios = np.array([m["table1_ratio"] for m in metrics]) if metrics else None
-    row["table1_ratio"] = ratios.mean(axis=0).tolist() if ratios is not None else None
+    row["table1_ratio"] = table1_ratio_of(metrics)
     row["table1_ratio_10m"] = row["table1_ratio"][-1] if row["table1_ratio"] else None
     for name in ("decision_seconds", "update_seconds"):
         values = [m[name] for m in metrics if m.get(name) is not None]
         row[name] = float(np.mean(values)) if values else None
     row["seeds_failed"] = sum(p["status"] == "failed" for p in group)
-    row["seeds_stopped_early"] = 0
+    row["seeds_stopped_early"] = sum(
+        (p.get("stop_reason") or "").startswith("round cap") for p in done
+    )
     row["violations"] = 0
     return row
+
+
+def table1_ratio_of(metrics: Sequence[Mapping[str, Any]]) -> list[float | None] | None:
+    """Paper 001's performance ratio(T) = E[V^{π_{ξ,θ_rec}^T}(s0)] / E[V^{π_ξ^T}(s0)] (Sec.
+    5.8) per T = m … 10m: a ratio of expectations, each over the test environments ξ of every
+    seed (and so over the runs' θ_rec), not a mean of per-seed ratios. Every seed tests the
+    same number of environments, so each expectation is the mean of the seeds' means
+    (`table1_with`, `table1_scratch`). None without runs; an entry is None where the
+    denominator is not positive (TR when scratch never reaches the goal)."""
+    if not metrics or any("table1_with" not in m for m in metrics):
+        return None
+    with_goals = np.mean([m["table1_with"] for m in metrics], axis=0)
+    scratch = np.mean([m["table1_scratch"] for m in metrics], axis=0)
+    return [float(w / s) if s > 0 else None for w, s in zip(with_goals, scratch, strict=True)]
 
 
 def ql_row(env: str, runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
+import os
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -76,6 +79,10 @@ class QueueTooSmall(ValueError):
     """The shipped broker configuration cannot queue the readings the benchmark sends."""
 
 
+class BadPieces(ValueError):
+    """Pieces given to `merge` that are not pieces of one table (a user's mistake)."""
+
+
 @dataclass
 class IngestResult:
     """`repeats` interleaved runs of each side; rates in messages per second."""
@@ -92,6 +99,10 @@ class IngestResult:
     # depends on how many other processes share the cores.
     bare_cpu_ms: list[float]
     agent_cpu_ms: list[float]
+    # which repeat each pair of runs is (0-based: its side order, bare or agent first, and its
+    # session names follow from it); a piece run alone (`--repeat-index`) holds one
+    repeat_indices: list[int] = field(default_factory=list)
+    load_average: list[float] = field(default_factory=list)  # 1-min load, each run's start
 
     @property
     def bare_msgs_per_s(self) -> float:
@@ -124,6 +135,47 @@ class IngestResult:
             "ratio": self.ratio,
             "cpu_ratio": self.cpu_ratio,
         }
+
+    @classmethod
+    def merged(cls, parts: Sequence[IngestResult]) -> IngestResult:
+        """The pieces of one table (`--repeat-index` runs) as one result, in repeat order.
+
+        Raises:
+            BadPieces: the pieces measured different things (env, rounds, broker settings)
+                or hold the same repeat twice.
+        """
+        if not parts:
+            raise BadPieces("no throughput pieces to merge")
+        first = parts[0]
+        what = lambda r: (r.readings, r.rounds, r.nodes, r.broker)  # noqa: E731
+        for part in parts[1:]:
+            if what(part) != what(first):
+                raise BadPieces(f"pieces measured different things: {what(first)} and {what(part)}")
+        pairs = sorted(
+            (
+                (index, i, part)
+                for part in parts
+                for i, index in enumerate(part.repeat_indices or range(len(part.bare_runs)))
+            ),
+            key=lambda pair: pair[0],
+        )
+        indices = [index for index, _, _ in pairs]
+        if len(set(indices)) != len(indices):
+            raise BadPieces(f"a repeat appears twice among the pieces: {indices}")
+        pick = lambda name: [getattr(p, name)[i] for _, i, p in pairs]  # noqa: E731
+        loads = [p.load_average[i] if p.load_average else math.nan for _, i, p in pairs]
+        return cls(
+            first.readings,
+            first.rounds,
+            first.nodes,
+            first.broker,
+            pick("bare_runs"),
+            pick("agent_runs"),
+            pick("bare_cpu_ms"),
+            pick("agent_cpu_ms"),
+            indices,
+            loads,
+        )
 
 
 @dataclass
@@ -302,8 +354,11 @@ async def measure_throughput(
     repeats: int = 5,
     seed: int = 0,
     device: str = "cpu",
+    only: int | None = None,
 ) -> IngestResult:
-    """`repeats` runs of each side, interleaved, alternating which side goes first."""
+    """`repeats` runs of each side, interleaved, alternating which side goes first; with
+    `only`, just that repeat's pair (0-based), in the order the full run gives it — a piece
+    of the table that `IngestResult.merged` puts together with the others."""
     spec = _throughput_spec(env, rounds)
     prepared = workdir / "ingest-prepared.sqlite"
     readings = await asyncio.to_thread(prepare_rounds, env, spec, prepared, seed, device)
@@ -319,7 +374,10 @@ async def measure_throughput(
     agent_runs: list[float] = []
     bare_cpu: list[float] = []
     agent_cpu: list[float] = []
-    for repeat in range(repeats):
+    indices = list(range(repeats)) if only is None else [only]
+    loads: list[float] = []
+    for repeat in indices:
+        loads.append(os.getloadavg()[0])
 
         async def bare(repeat: int = repeat) -> None:
             topic = TOPICS.reading(spec.name, spec.actuator_id)
@@ -347,6 +405,8 @@ async def measure_throughput(
         agent_runs,
         bare_cpu,
         agent_cpu,
+        indices,
+        loads,
     )
 
 
@@ -484,28 +544,47 @@ def run(
     console: Console | None = None,
     repeats: int = 5,
     device: str = "cpu",
-) -> tuple[IngestResult, list[LatencyResult]]:
+    repeat_index: int | None = None,
+    throughput: bool = True,
+) -> tuple[IngestResult | None, list[LatencyResult]]:
     """Throughput of `rounds` rounds of `env` (`repeats` runs per side), then the latency of
     each of `latency_envs` (see `latency_env_names`: None or "all" = every environment with a
     spec; [] = none).
+
+    A table too long for one sitting runs in pieces, each with its own `json_path`, put
+    together by `merge`: `repeat_index` (0-based, below `repeats`) runs only that repeat's
+    pair of runs; `throughput` False runs only the decision latencies.
 
     Raises:
         QueueTooSmall: the shipped broker configuration cannot queue that many readings.
     """
     console = console or wide_console()
     latency_envs = latency_env_names(latency_envs)
+    if repeat_index is not None and not 0 <= repeat_index < repeats:
+        raise BadPieces(f"repeat index {repeat_index + 1} is not among 1..{repeats}")
     shipped = shipped_broker()
+    result: IngestResult | None = None
     with tempfile.TemporaryDirectory(prefix="cbo-ingest-") as tmp:
         workdir = Path(tmp)
         with (
             MosquittoBroker(workdir / "mosquitto", shipped.options(workdir)) as broker,
             progress_bar(console) as progress,
         ):
-            task = progress.add_task("ingest", total=1 + len(latency_envs))
-            throughput = asyncio.run(
-                measure_throughput(env, rounds, broker, workdir, shipped, repeats, device=device)
-            )
-            progress.advance(task)
+            task = progress.add_task("ingest", total=int(throughput) + len(latency_envs))
+            if throughput:
+                result = asyncio.run(
+                    measure_throughput(
+                        env,
+                        rounds,
+                        broker,
+                        workdir,
+                        shipped,
+                        repeats,
+                        device=device,
+                        only=repeat_index,
+                    )
+                )
+                progress.advance(task)
             latencies = []
             for name in latency_envs:
                 progress.update(task, description=f"latency {name}")
@@ -516,38 +595,114 @@ def run(
                 )
                 progress.advance(task)
     where = device_info(device)
+    report(result, latencies, where, console)
+    if json_path is not None:
+        write_json(
+            json_path,
+            {
+                "machine": machine_info(device),
+                "load_average": os.getloadavg(),  # at the end of the run
+                "ingest": None if result is None else {**result.summary(), **where},
+                "decision_latency": [asdict(r) for r in latencies],
+            },
+        )
+        console.print(f"results: {json_path}")
+    return result, latencies
+
+
+def merge(
+    paths: Sequence[Path], json_path: Path | None = None, console: Console | None = None
+) -> tuple[IngestResult | None, list[LatencyResult]]:
+    """Put the pieces' JSON files (`run` with `repeat_index`, or latencies only) together
+    into one table: throughput pairs in repeat order, latencies in the pieces' order.
+
+    Raises:
+        BadPieces: a file is not a piece's JSON, or the pieces are not of one table (different
+            env, rounds, broker settings or device; a repeat or an environment twice).
+    """
+    console = console or wide_console()
+    pieces = []
+    for path in paths:
+        try:
+            pieces.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            raise BadPieces(f"{path}: not a bench ingest JSON file ({error})") from None
+    throughputs, latencies, devices = [], [], set()
+    for path, piece in zip(paths, pieces, strict=True):
+        if not isinstance(piece, dict) or "decision_latency" not in piece:
+            raise BadPieces(f"{path}: not a bench ingest JSON file")
+        ingest = piece.get("ingest")
+        if ingest is not None:
+            devices.add((ingest.get("device"), ingest.get("device_name")))
+            fields = {f for f in IngestResult.__dataclass_fields__ if f in ingest}
+            throughputs.append(IngestResult(**{f: ingest[f] for f in fields}))
+        latencies += [LatencyResult(**row) for row in piece["decision_latency"]]
+    envs = [r.env for r in latencies]
+    if len(set(envs)) != len(envs):
+        raise BadPieces(f"an environment's decision latency appears twice: {envs}")
+    if len(devices) > 1:
+        raise BadPieces(f"pieces measured on different devices: {sorted(devices)}")
+    result = IngestResult.merged(throughputs) if throughputs else None
+    device, name = next(iter(devices)) if devices else ("cpu", "")
+    where = {"device": device or "cpu", "device_name": name or ""}
+    report(result, latencies, where, console)
+    if json_path is not None:
+        write_json(
+            json_path,
+            {
+                "machine": pieces[0].get("machine"),
+                "pieces": [str(path) for path in paths],
+                "load_average": [piece.get("load_average") for piece in pieces],
+                "ingest": None if result is None else {**result.summary(), **where},
+                "decision_latency": [asdict(r) for r in latencies],
+            },
+        )
+        console.print(f"results: {json_path}")
+    return result, latencies
+
+
+def report(
+    throughput: IngestResult | None,
+    latencies: list[LatencyResult],
+    where: dict[str, str],
+    console: Console,
+) -> None:
+    """The throughput table (if measured) and the decision-latency table (if any)."""
     spread = lambda runs: f"{min(runs):,.0f}-{max(runs):,.0f}"  # noqa: E731
-    print_table(
-        f"Feedback ingest through Mosquitto ({throughput.readings} readings, "
-        f"{throughput.rounds} rounds of {throughput.nodes} nodes; {len(throughput.bare_runs)} "
-        f"interleaved runs per side, medians; {throughput.broker}; models on "
-        f"{where['device']}: {where['device_name']})",
-        [
-            "bare msgs/s",
-            "(min-max)",
-            "agent msgs/s",
-            "(min-max)",
-            "agent/bare",
-            "(min-max)",
-            "CPU ms/msg bare",
-            "CPU ms/msg agent",
-            "CPU bare/agent",
-        ],
-        [
-            (
-                throughput.bare_msgs_per_s,
-                spread(throughput.bare_runs),
-                throughput.agent_msgs_per_s,
-                spread(throughput.agent_runs),
-                throughput.ratio,
-                f"{min(throughput.ratios):.2f}-{max(throughput.ratios):.2f}",
-                statistics.median(throughput.bare_cpu_ms),
-                statistics.median(throughput.agent_cpu_ms),
-                throughput.cpu_ratio,
-            )
-        ],
-        console,
-    )
+    if throughput is not None:
+        loads = [x for x in throughput.load_average if not math.isnan(x)]
+        load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+        print_table(
+            f"Feedback ingest through Mosquitto ({throughput.readings} readings, "
+            f"{throughput.rounds} rounds of {throughput.nodes} nodes; "
+            f"{len(throughput.bare_runs)} interleaved runs per side, medians; "
+            f"{throughput.broker}; models on {where['device']}: {where['device_name']}{load})",
+            [
+                "bare msgs/s",
+                "(min-max)",
+                "agent msgs/s",
+                "(min-max)",
+                "agent/bare",
+                "(min-max)",
+                "CPU ms/msg bare",
+                "CPU ms/msg agent",
+                "CPU bare/agent",
+            ],
+            [
+                (
+                    throughput.bare_msgs_per_s,
+                    spread(throughput.bare_runs),
+                    throughput.agent_msgs_per_s,
+                    spread(throughput.agent_runs),
+                    throughput.ratio,
+                    f"{min(throughput.ratios):.2f}-{max(throughput.ratios):.2f}",
+                    statistics.median(throughput.bare_cpu_ms),
+                    statistics.median(throughput.agent_cpu_ms),
+                    throughput.cpu_ratio,
+                )
+            ],
+            console,
+        )
     if latencies:
         print_table(
             "Decision latency (last reading of a round -> next action published)",
@@ -576,14 +731,3 @@ def run(
             ],
             console,
         )
-    if json_path is not None:
-        write_json(
-            json_path,
-            {
-                "machine": machine_info(device),
-                "ingest": {**throughput.summary(), **where},
-                "decision_latency": [asdict(r) for r in latencies],
-            },
-        )
-        console.print(f"results: {json_path}")
-    return throughput, latencies

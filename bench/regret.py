@@ -7,7 +7,10 @@ learned first: the environment's paper design, or — when that breaks the spec'
 (alpine2-budget's sets all six nodes) — as many rounds drawn by the random explorer within them,
 as the agent service does. Then R policy rounds: propose under
 `Constraints.from_spec(spec, spent)`, step the environment, learn, record. The same seed gives
-every policy the same environment instance, initial design and noise stream.
+every policy the same environment instance, initial design and noise stream. R is `--rounds`,
+100 by default; paper 001's domains (a fidelity set and a total budget) default to as many
+rounds as the budget pays for at the cheapest trial (`bench.harness.fidelity.budget_rounds`),
+so their runs end when the budget is spent.
 
 Metrics, over the R policy rounds t = 1..R (the initial design is excluded), with
 f* = env.optimum.value and r_t = E[y | a_t] = env.expected_reward(a_t), the oracle's noiseless
@@ -80,6 +83,7 @@ from rich.table import Table
 from agent.paths import ExamplesNotFound, example_spec, examples_dir
 from bench.fidelity_report import FIDELITY_COLUMNS, fidelity_row, plot_cost, ql_row
 from bench.harness.episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
+from bench.harness.fidelity import budget_rounds
 from bench.report import (
     device_info,
     machine_info,
@@ -89,13 +93,14 @@ from bench.report import (
     wide_console,
     write_json,
 )
-from core.spec import SpecError, load_spec
+from core.spec import ExperimentSpec, SpecError, load_spec
 from policies.registry import make_policy, policy_names
 from sim.errors import EnvironmentUnavailable
 from sim.registry import environment_names, make_environment
 
 SUMMARY_SCHEMA = "cbo-agent/bench-regret-summary"
 SUMMARY_VERSION = 1
+DEFAULT_ROUNDS = 100  # policy rounds per run when `--rounds` is not given
 
 # (policy or None for every chosen policy, key, value), from `--setting [POLICY:]KEY=VALUE`.
 Setting = tuple[str | None, str, Any]
@@ -120,19 +125,23 @@ def plan(
     envs: Sequence[str] | None,
     policies: Sequence[str] | None,
     seeds: int,
-    rounds: int,
+    rounds: int | None,
     settings: Sequence[Setting] = (),
     device: str = "cpu",
 ) -> list[RunConfig]:
     """Every (env, policy, seed) run, validated before anything starts.
 
-    `envs` None: every environment with a spec; `policies` None: every policy.
+    `envs` None: every environment with a spec; `policies` None: every policy. `rounds` None:
+    `DEFAULT_ROUNDS`, but a multi-fidelity spec with a total budget (paper 001's domains) gets
+    `budget_rounds`, as many rounds as its budget pays for at the cheapest trial, so that the
+    budget ends every run (a fixed cap ended BESD's cheap-trial runs with half the budget
+    unspent).
 
     Raises:
         BadArguments: naming the unknown environment or policy, the missing or invalid spec,
             or the setting a policy rejects.
     """
-    if seeds < 1 or rounds < 1:
+    if seeds < 1 or (rounds is not None and rounds < 1):
         raise BadArguments(f"seeds and rounds must be at least 1 (got {seeds}, {rounds})")
     envs = list(envs) if envs else _envs_with_specs()
     policies = list(policies) if policies else policy_names()
@@ -144,13 +153,20 @@ def plan(
     configs = []
     for env in envs:
         spec_path = _checked_spec(env)
+        cap = rounds if rounds is not None else default_rounds(load_spec(spec_path))
         for policy in policies:
             chosen = _settings_for(policy, spec_path, settings)
             configs += [
-                RunConfig(env, policy, seed, rounds, chosen, str(spec_path), device)
+                RunConfig(env, policy, seed, cap, chosen, str(spec_path), device)
                 for seed in range(seeds)
             ]
     return configs
+
+
+def default_rounds(spec: ExperimentSpec) -> int:
+    """The round cap when none is given: what the budget pays for in a budgeted
+    multi-fidelity spec, else `DEFAULT_ROUNDS`."""
+    return budget_rounds(spec) or DEFAULT_ROUNDS
 
 
 def _check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> None:
@@ -213,7 +229,7 @@ def run(
     envs: Sequence[str] | None,
     policies: Sequence[str] | None,
     seeds: int,
-    rounds: int,
+    rounds: int | None,
     out: Path,
     settings: Sequence[Setting] = (),
     workers: int | None = None,
@@ -505,7 +521,7 @@ def _write_summary(
         "envs": list(dict.fromkeys(c.env for c in configs)),
         "policies": list(dict.fromkeys(c.policy for c in configs)),
         "seeds": len({c.seed for c in configs}),
-        "rounds": configs[0].rounds,
+        "rounds": _rounds_of(configs),
         "settings": {c.policy: c.settings for c in configs if c.settings},
         "workers": workers,
         "threads_per_worker": 1,
@@ -536,6 +552,12 @@ def _write_summary(
     for failure in failures:
         console.print(f"FAILED {failure['run']}: {failure['error']}", markup=False)
     console.print(f"summary: {out / 'summary.json'}, {out / 'summary.md'}")
+
+
+def _rounds_of(configs: Sequence[RunConfig]) -> int | dict[str, int]:
+    """The round cap, or the cap per environment where they differ (budgeted domains)."""
+    caps = {c.env: c.rounds for c in configs}
+    return configs[0].rounds if len(set(caps.values())) == 1 else caps
 
 
 def _title(config: Mapping[str, Any]) -> str:

@@ -319,12 +319,15 @@ class Reading(MessageModel):
     (fewer than the action's q when some did not run) and `variance` the variance of that mean
     (the replicates' sample variance / q'). Version 2 added both; a reading without them is
     written (and read) as version 1. Version 3 carries an `array` (a node with a `shape` in the
-    spec: a sensor vector or a field, `connectors.arrays`) instead of `value`.
+    spec: a sensor vector or a field, `connectors.arrays`) instead of `value`. Version 4 is a
+    scalar reading that also carries `states`: the states (T, agents, obs) the device's
+    controller visited in the round's episode (paper 000's surrogate Hessian; the encoding of
+    `connectors.arrays`), sent with the reward reading of a parameter-vector round.
     """
 
     SCHEMA: ClassVar[str] = "cbo.reading"
-    VERSION: ClassVar[int] = 3
-    READS: ClassVar[tuple[int, ...]] = (1, 2, 3)
+    VERSION: ClassVar[int] = 4
+    READS: ClassVar[tuple[int, ...]] = (1, 2, 3, 4)
 
     experiment: ExperimentId
     round: Round
@@ -336,6 +339,7 @@ class Reading(MessageModel):
     variance: Annotated[float, Field(ge=0)] | None = None
     replications: Annotated[int, Field(ge=1, le=MAX_SEQUENCE)] | None = None
     array: ArrayPayload | None = None
+    states: ArrayPayload | None = None
 
     @model_validator(mode="after")
     def _one_value(self) -> Reading:
@@ -343,10 +347,18 @@ class Reading(MessageModel):
             raise ValueError("a reading carries exactly one of value and array")
         if self.array is not None and (self.variance is not None or self.replications):
             raise ValueError("an array reading carries no variance or replications")
+        if self.states is not None:
+            if self.array is not None or self.variance is not None or self.replications:
+                raise ValueError("states ride on a plain scalar reading (value only)")
+            if len(self.states.shape) != 3:
+                raise ValueError(f"states.shape: {self.states.shape}, expected [T, agents, obs]")
         return self
 
     def wire(self) -> tuple[int, dict[str, Any]]:
         fields = self.model_dump(mode="json")
+        if self.states is not None:
+            return 4, {k: v for k, v in fields.items() if v is not None}
+        del fields["states"]
         if self.array is not None:
             return 3, {k: v for k, v in fields.items() if v is not None}
         del fields["array"]
@@ -357,6 +369,12 @@ class Reading(MessageModel):
 
     @classmethod
     def check_version_fields(cls, version: int, fields: dict[str, Any]) -> None:
+        if version == 4:
+            if "states" not in fields or fields.get("value") is None:
+                raise ValueError("version 4 carries a value and its states")
+            return
+        if "states" in fields:
+            raise ValueError(f"states: not a field of version {version} (send version 4)")
         if version == 3:
             if "array" not in fields or "value" in fields:
                 raise ValueError("version 3 carries an array and no value")

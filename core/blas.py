@@ -28,7 +28,9 @@ every other store goes through a NumPy view.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -115,6 +117,48 @@ for _dtype in _SCALARS:
     _fn, _fv = _load_trsm(_dtype), _load_trsv(_dtype)
     if _fn is not None and _fv is not None:
         _TRSM[_dtype], _TRSV[_dtype] = _fn, _fv
+
+
+def _one_blas_thread() -> list[str]:
+    """Run SciPy's BLAS — the library whose `?trsm` the block append calls — on one thread,
+    unless OPENBLAS_NUM_THREADS says otherwise; returns the libraries set.
+
+    Why: SciPy's OpenBLAS (pthreads) splits a `?trsm` with two or more right-hand sides over
+    its threads, and its threads busy-wait for each other. The service's own threads — the
+    event loop, the store/learn worker, the fit process — already hold the cores, so the
+    split only waits: on 2 busy cores (load 12) a block solve at n = 1,000 took 21 ms (k = 2)
+    to 24 ms (k = 8) with 2 threads against 0.5–0.6 ms with one, and readings queued behind
+    those blocks (`cbo-agent bench latency`, docs/benchmarks.md). The solves are memory-bound:
+    one thread reads the factor about as fast. NumPy's and torch's BLAS are other libraries
+    and keep their settings; what else calls SciPy's BLAS here (scipy.optimize's L-BFGS) works
+    on small vectors.
+    """
+    if "OPENBLAS_NUM_THREADS" in os.environ:  # the operator's choice stands
+        return []
+    try:
+        from scipy.linalg import cython_blas
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return []
+    del cython_blas  # imported for its library: loaded, threadpoolctl finds it
+    # SciPy's wheels bundle their OpenBLAS in scipy.libs/ (scipy/.libs/ on some platforms);
+    # NumPy's, in numpy.libs/, is another library with its own threads, left alone.
+    mine = [
+        lib
+        for lib in ThreadpoolController().lib_controllers
+        if lib.user_api == "blas" and _in_scipy(Path(lib.filepath))
+    ]
+    for lib in mine:
+        lib.set_num_threads(1)
+    return [lib.filepath for lib in mine]
+
+
+def _in_scipy(path: Path) -> bool:
+    return path.parent.name.startswith("scipy") or path.parent.parent.name == "scipy"
+
+
+# the libraries `_one_blas_thread` set to one thread (tests read it)
+SINGLE_THREADED = _one_blas_thread() if _TRSM else []
 
 
 # The arguments that never change, passed by reference (building them per call cost more than

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import torch
 
@@ -928,7 +929,8 @@ class NetworkModel:
 
         Built from `history` on first use, then kept up to date by `observe` as reward readings
         arrive, so a model whose policy never asks for it pays nothing. Same kernel, priors and
-        refit schedule as the node GPs; the noise is the reward node's (known or learned).
+        refit schedule as the node GPs; the noise is learned unless the spec fixes Var(Y | a)
+        (`_flat_noise_variance`).
         """
         if self._flat is None:
             self._flat = make_gp(self._flat_bounds(), self._flat_config())
@@ -947,9 +949,24 @@ class NetworkModel:
 
     def _flat_config(self) -> GPConfig:
         config = self._gp_config()
-        std = self.spec.node(self.reward_node).noise_std
-        config.noise_variance = None if std is None else std**2
+        config.noise_variance = self._flat_noise_variance()
         return config
+
+    def _flat_noise_variance(self) -> float | None:
+        """The flat GP's noise variance if the spec fixes it, else None (learned).
+
+        The flat GP models Y given the actions, so its noise is Var(Y | a): the reward node's
+        own noise plus that of every node upstream, passed through the mechanisms. Only when
+        no ancestor of the reward adds noise (each declared noiseless, `noise_std: 0`) is it
+        the reward node's known noise; otherwise it is learned. (Told the reward node's 0.01
+        on dropwave-drift, where Y's std given the actions is 0.25-0.34 from X0's noise
+        through the ripple, the fit put a lengthscale at its floor: issue 22.)
+        """
+        std = self.spec.node(self.reward_node).noise_std
+        upstream = nx.ancestors(self.spec.graph(), self.reward_node)
+        if std is None or any(self.spec.node(name).noise_std != 0 for name in upstream):
+            return None
+        return std**2
 
     def _flat_row(self, record: Round) -> torch.Tensor:
         actions = self.action_vector(record.intervention)

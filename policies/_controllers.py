@@ -13,9 +13,10 @@ differentiably in θ — for the HOM policies the relaxation the paper uses for 
 devices play the hard policy.
 
 `state_bounds` is a box of typical observations: where `hagpucb` has no recorded states
-(`states_file`), it draws the states H_π is averaged over uniformly in it. It is a rough range
-read off a few episodes, not the visited distribution; which entries of H_π vanish (the edges)
-depends on the controller's form, the magnitudes on the states.
+(`visited_states` sent by the devices, or a `states_file`), it draws the states H_π is averaged
+over uniformly in it. It is a rough range read off a few episodes, not the visited
+distribution; which entries of H_π vanish (the edges) depends on the controller's form, the
+magnitudes on the states.
 """
 
 from __future__ import annotations

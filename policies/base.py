@@ -190,6 +190,17 @@ class Policy(ABC):
             problems = "; ".join(plain_problems(error, self.Settings, prefix="policy.settings"))
             raise ValueError(f"{self.name}: {problems}") from None
 
+    def states_shape(self) -> tuple[int, int] | None:
+        """(agents, obs) of the visited states the policy learns from (a device's controller's,
+        protocol `cbo.reading` version 4), or None: it takes none and the agent refuses them."""
+        return None
+
+    def observe_states(self, round: int, states: Any) -> None:
+        """The states (numpy, (T, agents, obs)) a device's controller visited in `round`'s
+        episode; called only where `states_shape()` is not None, once per stored trace (again
+        by recovery, in arrival order)."""
+        raise NotImplementedError(f"{self.name} takes no visited states")
+
     @abstractmethod
     def propose(
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator

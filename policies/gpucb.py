@@ -46,7 +46,9 @@ class GPUCBSettings(SearchSettings):
 
 
 class GPUCBPolicy(SearchPolicy):
-    """Upper confidence bound of one actions → reward GP that ignores the graph."""
+    """Upper confidence bound of one actions → reward GP that ignores the graph. Its noise is
+    Var(Y | a): the reward node's `noise_std` only when no node upstream of the reward is noisy,
+    else learned."""
 
     name = "gpucb"
     handles_arrays = True

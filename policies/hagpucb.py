@@ -34,17 +34,20 @@ controller (`core.structure.surrogate_hessian`, `torch.func.hessian`; the HOM po
 relaxation the paper uses for this phase only, Sinkhorn–Knopp role assignment and sigmoid
 role-interaction edges). T0 points θ are drawn uniformly in the box (seeded by
 `initial_design.seed`), each queried C1 times, a query being the mean of Σ_k |∂²π_k| over
-`states` states. The states are drawn, seeded, from `states_file` (a `.npy` array (S, agents,
-obs) of states the devices visited, recorded by them and handed to the agent with the spec) or,
-without one, uniformly in the controller's box of typical observations. The protocol carries θ
-to the devices and returns scalars and reward fields; it has no channel for the states an
-episode visited, so the agent does not receive them round by round (docs/protocol.md,
-"Parameter vectors"). H_π has no observation noise, so c_h is relative: the entries above
-`tolerance` × the largest summed entry are edges (the paper "kept all detected edges"; a
-structural zero is an exact 0 of the autodiff), then the `max_edges` cap. A saturated unit
-(tanh of a large input) has a vanishing curvature: its edges fall under any cut-off at those
-states, so the states should be typical ones, and more of them (`states`, `c1`) or more θ
-(`t0`) help. The Hessian is taken in the unit cube of the bounds, like the stencils'.
+`states` states. The states are drawn, seeded, from the states the devices' controller visited:
+with `visited_states` = N, the traces the devices send with each episode's return (protocol
+`cbo.reading` version 4, stored by the agent and replayed on a restart: `observe_states`); until
+they hold N states every decision is *phase 0*, θ uniform in the box (real episodes, charged and
+learnt by phase 2's GP), and the first decision after runs phase 1 on all of them
+(docs/protocol.md, "Visited states"). Without it, from `states_file` (a `.npy` array (S, agents,
+obs) recorded by the devices and handed to the agent with the spec) or, without one, uniformly
+in the controller's box of typical observations. H_π has no observation noise, so c_h is
+relative: the entries above `tolerance` × the largest summed entry are edges (the paper "kept
+all detected edges"; a structural zero is an exact 0 of the autodiff), then the `max_edges` cap.
+A saturated unit (tanh of a large input) has a vanishing curvature: its edges fall under any
+cut-off at those states, so the states should be typical ones, and more of them (`states`,
+`c1`) or more θ (`t0`) help. The Hessian is taken in the unit cube of the bounds, like the
+stencils'.
 The whole of phase 1 then runs inside the first decision (the HOM's 414 parameters: 32 s for the
 default 4 states in one unlocked trial at load 5 on the 2-core machine, the Hessian dense: 84,255
 of its 85,491 pairs nonzero, so the cap decides) and every round is a round of phase 2.
@@ -128,6 +131,15 @@ class HAGPUCBSettings(AdditiveUCBSettings):
         "visited, drawn from for the queries (a path relative to the agent's working "
         "directory). null: uniform in the controller's state box.",
     )
+    visited_states: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Surrogate Hessian: wait for this many states visited by the devices' "
+        "controller (rows T summed over the traces of protocol cbo.reading version 4), playing "
+        "θ uniform in the box meanwhile (phase 0), then draw the queries' states from them. "
+        "0: no waiting, states from states_file or the controller's box.",
+    )
     tolerance: float = Field(
         default=1e-12,
         gt=0,
@@ -157,6 +169,13 @@ class HAGPUCBPolicy(Policy):
         self._directions: torch.Tensor | None = None
         self._phase_one_facts: dict[str, Any] = {}  # phase 1's timing, for the first proposal
         self._plan: StencilPlan | None = None  # None: the surrogate's phase 1 plays no episode
+        self._visited: list[torch.Tensor] = []  # the devices' traces, each (T, agents, obs)
+        self._visited_rows = 0  # Σ T over them
+        if self.settings.visited_states and self.settings.controller is None:
+            raise ValueError(
+                f"{self.name}: policy.settings.visited_states: needs a controller (the "
+                "surrogate Hessian is the only phase 1 that uses states)"
+            )
         if self.settings.controller is not None:
             self.controller, self._states = self._surrogate_setup()
         else:
@@ -175,6 +194,11 @@ class HAGPUCBPolicy(Policy):
             found = controller(s.controller)
         except KeyError as error:
             raise ValueError(f"{self.name}: policy.settings.{error.args[0]}") from None
+        if s.visited_states and s.states_file is not None:
+            raise ValueError(
+                f"{self.name}: policy.settings: visited_states and states_file both name the "
+                "states of the surrogate Hessian; set one"
+            )
         if found.dim != self.dim:
             raise ValueError(
                 f"{self.name}: policy.settings.controller: {found.name} has {found.dim} "
@@ -198,6 +222,19 @@ class HAGPUCBPolicy(Policy):
         if not np.isfinite(states).all():
             raise ValueError(f"{self.name}: policy.settings.states_file: {path} holds NaN or inf")
         return found, torch.as_tensor(states, dtype=torch.float64)
+
+    def states_shape(self) -> tuple[int, int] | None:
+        """(agents, obs) of the controller's states where phase 1 waits for visited ones."""
+        if self.controller is None or not self.settings.visited_states:
+            return None
+        return self.controller.agents, self.controller.obs
+
+    def observe_states(self, round: int, states: Any) -> None:
+        """Keep a device's trace (numpy (T, agents, obs)) for the surrogate Hessian's queries;
+        those arriving after phase 1 ran are kept too, but the structure is not learnt again."""
+        trace = torch.as_tensor(np.asarray(states, dtype=np.float64))
+        self._visited.append(trace)
+        self._visited_rows += int(trace.shape[0])
 
     def _phase_one_plan(self) -> StencilPlan:
         """The stencils of phase 1 (`policies._stencil_plan`: no point is built here)."""
@@ -238,6 +275,8 @@ class HAGPUCBPolicy(Policy):
         self, model: NetworkModel, constraints: Constraints, rng: torch.Generator
     ) -> Proposal:
         if self.structure is None and self.controller is not None:
+            if self._visited_rows < self.settings.visited_states:
+                return self._phase_zero_proposal(constraints, rng)
             self._learn_surrogate_structure()
         if self.structure is None:
             assert self._plan is not None
@@ -255,6 +294,22 @@ class HAGPUCBPolicy(Policy):
         )
         self._phase_one_facts = {}  # reported once, with the first decision of phase 2
         return proposal
+
+    def _phase_zero_proposal(self, constraints: Constraints, rng: torch.Generator) -> Proposal:
+        """While fewer than `visited_states` states have arrived: θ uniform in the box, an
+        episode like any other (charged, in phase 2's GP), whose states the device sends back."""
+        lower, upper = self.bounds[:, 0], self.bounds[:, 1]
+        theta = lower + torch.rand(self.dim, generator=rng, dtype=torch.float64) * (upper - lower)
+        intervention = dict(zip(self.spec.action_names, theta.tolist(), strict=True))
+        cost = intervention_cost(self.spec, intervention)
+        if cost > constraints.round_cap * (1 + 1e-12) + 1e-12:
+            raise NothingAffordable(f"a round costs {cost:g}, {constraints.round_cap:g} is left")
+        diagnostics = {
+            "phase": 0,
+            "visited_states": self._visited_rows,
+            "waiting_for": self.settings.visited_states,
+        }
+        return Proposal(intervention, math.nan, cost, tuple(self.spec.action_names), diagnostics)
 
     def _phase_one_progress(self, model: NetworkModel) -> tuple[dict[Entry, float], set[Entry]]:
         """Each stencil point's reward (the mean where it was played several times), by entry
@@ -318,12 +373,15 @@ class HAGPUCBPolicy(Policy):
         lower, span = self.bounds[:, 0], self.bounds[:, 1] - self.bounds[:, 0]
         low, high = found.state_bounds
         total = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+        pool = self._states
+        if s.visited_states:  # the devices' own traces (list copied: the join appends)
+            pool = torch.cat(list(self._visited))
         for _ in range(s.t0):
             theta = lower + torch.rand(self.dim, generator=g, dtype=torch.float64) * span
             for _ in range(s.c1):
-                if self._states is not None:
-                    pick = torch.randint(len(self._states), (s.states,), generator=g)
-                    states = self._states[pick]
+                if pool is not None:
+                    pick = torch.randint(len(pool), (s.states,), generator=g)
+                    states = pool[pick]
                 else:
                     shape = (s.states, found.agents, found.obs)
                     unit = torch.rand(shape, generator=g, dtype=torch.float64)
@@ -339,6 +397,13 @@ class HAGPUCBPolicy(Policy):
             "structure_from": f"surrogate:{found.name}",
             "structure_seconds": time.perf_counter() - started,
             "hessian_queries": s.t0 * s.c1,
+            "states_from": (
+                "visited"
+                if s.visited_states
+                else "states_file"
+                if self._states is not None
+                else "box"
+            ),
         }
 
     def _threshold(self, total: torch.Tensor, queries: int) -> float:

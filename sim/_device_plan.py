@@ -8,6 +8,7 @@ fixed seed gives the same values, drops, duplicates and delays whatever the netw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -40,6 +41,7 @@ class PlannedReading:
     variance: float | None = None  # a mean over replications: the variance of the mean
     replications: int | None = None
     array: np.ndarray | None = None  # an array node's reading
+    states: np.ndarray | None = None  # the reward's: the episode's visited states (issue 13)
 
     def message(self, experiment: str, round_: int, device_id: str) -> Reading:
         """The reading, stamped now (the sensor measures when it reports)."""
@@ -54,6 +56,8 @@ class PlannedReading:
             variance=self.variance,
             replications=self.replications,
             array=None if self.array is None else _payload(self.array),
+            # float32: a trace of up to MAX_ARRAY_ELEMENTS values fits the payload limit
+            states=None if self.states is None else ArrayPayload.from_numpy(self.states),
         )
 
 
@@ -103,7 +107,12 @@ class Actuator:
         seed: int,
         seq_start: int,
         optimum: float | None,
+        send_states: bool = False,
     ) -> None:
+        if send_states and not getattr(env, "records_states", False):
+            raise ValueError(f"{env.name}: does not record the states its episodes visit")
+        if send_states:
+            env.record_states = True  # type: ignore[attr-defined]
         self.env = env
         self.device_id = device_id
         self.noise = noise
@@ -117,6 +126,10 @@ class Actuator:
         applied = self._validate(action)
         system = self.system(action.round)
         values, spread = system.step_with_spread(applied, self._generator)
+        # taken before the oracle's episodes overwrite them
+        states = (
+            getattr(system, "last_states", None) if getattr(system, "record_states", 0) else None
+        )
         oracle = None if self.optimum is None else self._oracle(action, applied, system)
         ack = Ack(
             experiment=action.experiment,
@@ -132,6 +145,11 @@ class Actuator:
             self._plan_reading(node, values[node], *spread.get(node, (None, None)))
             for node in self.env.node_names
         ]
+        if states is not None:  # they ride on the reward's reading (protocol version 4)
+            readings = [
+                dataclasses.replace(r, states=states) if r.node == self.env.reward_node else r
+                for r in readings
+            ]
         return Plan(ack, oracle, tuple(sorted(readings, key=lambda r: r.delay_s)))
 
     def system(self, round_: int) -> Environment:

@@ -22,6 +22,23 @@ class EpisodeEnvironment(Environment):
     dim: int
     oracle_episodes: int
     reference_return: float
+    # Visited states (issue 13): a device that sends them (`DeviceSettings.send_states`) sets
+    # `record_states`; an environment that supports it keeps its last episode's observations
+    # (T, agents, obs) in `last_states` (`keep_states`).
+    record_states: bool = False
+    last_states: np.ndarray | None = None
+    records_states: bool = False  # whether `episode` fills `last_states` when asked
+
+    def keep_states(self, visited: list[np.ndarray]) -> None:
+        """Keep an episode's observations, each (agents, obs), as `last_states`: evenly thinned
+        to at most MAX_ARRAY_ELEMENTS values, so that they fit one reading."""
+        from connectors.arrays import MAX_ARRAY_ELEMENTS
+
+        states = np.stack(visited).astype(np.float64)
+        room = max(1, MAX_ARRAY_ELEMENTS // (states.shape[1] * states.shape[2]))
+        if len(states) > room:
+            states = states[np.linspace(0, len(states) - 1, room).round().astype(int)]
+        self.last_states = states
 
     @abstractmethod
     def episode(self, theta: np.ndarray, seed: int) -> float:

@@ -103,6 +103,9 @@ class DeviceSettings(BaseModel):
         key: the device's HMAC-SHA256 key: every message it publishes is signed
             (`connectors.signing`), and it takes only actions signed with the key (others
             are dead-lettered as "unsigned" or "bad_signature"); None: unsigned.
+        send_states: send the states an episode visited with the reward's reading (protocol
+            `cbo.reading` version 4, for `hagpucb`'s `visited_states`); environments that
+            record them only (MaMuJoCo's Swimmer).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -120,6 +123,7 @@ class DeviceSettings(BaseModel):
     seq_start: int | None = Field(default=None, ge=0, le=2**62)
     remember_actions: int = Field(default=100_000, ge=1)
     key: SecretStr | None = None
+    send_states: bool = False
 
     @field_validator("key")
     @classmethod
@@ -235,7 +239,13 @@ class SimulatorDevice:
         if seq_start is None:
             seq_start = time.time_ns() // 1000
         self._actuator = Actuator(
-            self.env, settings.device_id, settings.noise(), settings.seed, seq_start, optimum
+            self.env,
+            settings.device_id,
+            settings.noise(),
+            settings.seed,
+            seq_start,
+            optimum,
+            send_states=settings.send_states,
         )
         self._log.info("device.starting", env=self.env.name, seq_start=seq_start)
         try:

@@ -69,6 +69,7 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
 
     oracle_episodes = ORACLE_EPISODES
     reference_return = REFERENCE
+    records_states = True
 
     def __init__(self) -> None:
         self.dim = parameter_count()
@@ -87,7 +88,17 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
 
     def episode(self, theta: np.ndarray, seed: int) -> float:
         """The return of one episode with θ, reset with `seed`."""
-        return play(self._env, lambda obs: linear_actions(theta, obs)[:, None], seed, STEPS)
+        if not self.record_states:
+            return play(self._env, lambda obs: linear_actions(theta, obs)[:, None], seed, STEPS)
+        visited: list[np.ndarray] = []
+
+        def recording(obs: np.ndarray) -> np.ndarray:
+            visited.append(np.array(obs, dtype=np.float64))
+            return linear_actions(theta, obs)[:, None]
+
+        total = play(self._env, recording, seed, STEPS)
+        self.keep_states(visited)
+        return total
 
 
 def parallel_env(name: str, scenario: str, agent_conf: str, **options):

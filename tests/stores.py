@@ -97,6 +97,7 @@ STORE_TABLES = (
     "oracle",
     "ledger",
     "readings",
+    "visited_states",
     "dead_letters",
     "rounds",
     "experiments",

@@ -92,3 +92,81 @@ def test_more_readings_than_the_shipped_queue_holds_is_refused(tmp_path, monkeyp
     shipped = shipped_broker(conf)
     with pytest.raises(ingest.QueueTooSmall, match=r"queues at most 10 .* use --rounds 3 or fewer"):
         asyncio.run(ingest.measure_throughput("toygraph", 5, None, tmp_path, shipped))
+
+
+def _piece(index: int, rate: float, **changes) -> ingest.IngestResult:
+    """A throughput piece as `run(repeat_index=index)` gives it: one pair of runs."""
+    fields = {
+        "readings": 60,
+        "rounds": 10,
+        "nodes": 6,
+        "broker": "mosquitto.conf: max_inflight_messages 20",
+        "bare_runs": [2 * rate],
+        "agent_runs": [rate],
+        "bare_cpu_ms": [0.4],
+        "agent_cpu_ms": [0.5],
+        "repeat_indices": [index],
+        "load_average": [1.0 + index],
+    }
+    return ingest.IngestResult(**{**fields, **changes})
+
+
+def _write(path, result, latencies=()):
+    import json
+    from dataclasses import asdict
+
+    payload = {
+        "machine": {"cpu": "x"},
+        "load_average": [1.0, 1.0, 1.0],
+        "ingest": None if result is None else {**result.summary(), "device": "cpu"},
+        "decision_latency": [asdict(r) for r in latencies],
+    }
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_pieces_merge_into_the_table_a_full_run_gives(tmp_path):
+    """Repeats run as separate pieces (each its own sitting) are put back in repeat order,
+    whatever order the files come in; latencies-only pieces add their rows."""
+    sir = ingest.LatencyResult("sir", "mcbo", 20, 0.2, 0.4, 0.1, 1.0)
+    paths = [_write(tmp_path / f"p{i}.json", _piece(i, 100.0 * (i + 1))) for i in (2, 0, 1)]
+    paths.append(_write(tmp_path / "lat.json", None, [sir]))
+    result, latencies = ingest.merge(paths, tmp_path / "all.json")
+    assert result is not None
+    assert result.repeat_indices == [0, 1, 2]
+    assert result.agent_runs == [100.0, 200.0, 300.0]
+    assert result.bare_runs == [200.0, 400.0, 600.0]
+    assert result.load_average == [1.0, 2.0, 3.0]
+    assert result.ratio == 0.5 and result.agent_msgs_per_s == 200.0
+    assert [r.env for r in latencies] == ["sir"]
+    import json
+
+    written = json.loads((tmp_path / "all.json").read_text())
+    assert written["ingest"]["agent_runs"] == [100.0, 200.0, 300.0]
+    assert written["decision_latency"][0]["env"] == "sir"
+
+
+def test_pieces_of_different_tables_are_refused(tmp_path):
+    one = _write(tmp_path / "a.json", _piece(0, 100.0))
+    with pytest.raises(ingest.BadPieces, match="a repeat appears twice"):
+        ingest.merge([one, _write(tmp_path / "b.json", _piece(0, 120.0))])
+    with pytest.raises(ingest.BadPieces, match="pieces measured different things"):
+        ingest.merge([one, _write(tmp_path / "c.json", _piece(1, 120.0, rounds=20))])
+    (tmp_path / "d.json").write_text("[1, 2]")
+    with pytest.raises(ingest.BadPieces, match="not a bench ingest JSON file"):
+        ingest.merge([one, tmp_path / "d.json"])
+
+
+def test_piece_mistakes_are_one_line_and_exit_code_2(tmp_path, capsys):
+    from agent.cli import main
+
+    one = _write(tmp_path / "a.json", _piece(0, 100.0))
+    assert main(["bench", "ingest", "--merge", str(one), str(one)]) == 2
+    assert main(["bench", "ingest", "--repeat-index", "2", "--latency-envs"]) == 2
+    assert main(["bench", "ingest", "--repeat-index", "6", "--json", str(tmp_path / "x.json")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [
+        "cbo-agent bench ingest: error: a repeat appears twice among the pieces: [0, 0]",
+        "cbo-agent bench ingest: error: a piece (--repeat-index, --no-throughput) needs --json",
+        "cbo-agent bench ingest: error: repeat index 6 is not among 1..5",
+    ]

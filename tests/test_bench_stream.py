@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agent.cli import main
+from bench import drift
 from bench.stream import checkpoints, state_path
 
 
@@ -71,6 +72,31 @@ def test_drift_compares_models_on_the_same_seeds(tmp_path):
     assert all(0 < r["regret"] < 14 * 0.75 for r in runs)  # f* = 0.742 per round at most
     # the first 10 rounds are the same random design for both models
     assert runs[0]["regret"] != runs[1]["regret"]
+
+
+def test_drift_learns_the_flat_models_noise(monkeypatch):
+    """The flat GP sees Var(Y | a), which on dropwave-drift holds X0's noise passed through the
+    ripple (Y's std given the actions is 0.25-0.34, the reward node's own 0.1). Told the node's
+    0.01, the fit of the harness's readings put a lengthscale at its floor (0.0015 by round
+    100, seed 0) and the GP decided as on white noise; learned, the noise comes out well above
+    the node's (it is 0.01 exactly if the harness states it) and the lengthscales stay on the
+    scale of the function's shape."""
+    made = []
+
+    def spy(*args, **kwargs):
+        gp = make_model(*args, **kwargs)
+        made.append(gp)
+        return gp
+
+    make_model = drift._model
+    monkeypatch.setattr(drift, "_model", spy)
+    options = {"capacity": 100, "budget": 60, "window": 100, "time_scale": 300.0,
+               "refit_every": 20, "initial": 10}  # fmt: skip
+    drift.run_one("dropwave-drift", "stationary", 0, 60, options)
+    (gp,) = made
+    noise = float(gp.noise[0] * gp.y_scale[0] ** 2)  # output units
+    assert noise > 4 * 0.1**2
+    assert float(gp.lengthscale.min()) > 0.01
 
 
 def test_drift_keeps_sir_within_its_dose_budget(tmp_path):

@@ -213,7 +213,9 @@ def test_actions_are_read_in_version_1_and_2_and_each_version_has_its_fields() -
     assert reason_of(dumps({**document, "version": 4})) == "invalid"  # v4 carries vectors
     assert reason_of(dumps({**document, "version": 5})) == "unsupported_version"
     reading = Reading(experiment="e", round=0, node="Y", value=1.0, seq=0, device_id="d", at=0.0)
-    assert reason_of(dumps({**document_of(reading), "version": 4})) == "unsupported_version"
+    assert reason_of(dumps({**document_of(reading), "version": 5})) == "unsupported_version"
+    # version 4 is a reading with visited states: a scalar alone there is invalid
+    assert reason_of(dumps({**document_of(reading), "version": 4})) == "invalid"
     # version 3 is an array reading: a scalar value there is invalid
     assert reason_of(dumps({**document_of(reading), "version": 3})) == "invalid"
 

@@ -910,6 +910,7 @@ def test_newer_or_foreign_stores_are_refused(fresh_store_target: str) -> None:
     with RawDatabase(db) as raw:  # start over, as another program's database
         for table in ("snapshot_arrays", "snapshots", "dead_letters", "readings", "oracle"):
             raw.execute(f"DROP TABLE {table}")
+        raw.execute("DROP TABLE visited_states")  # it refers to rounds
         for table in ("ledger", "rounds", "experiments"):
             raw.execute(f"DROP TABLE {table}")
         if raw.postgres:

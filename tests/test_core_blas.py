@@ -164,3 +164,24 @@ def test_transposed_solve_equals_torch(dtype, offset):
     solve_lower_transposed_in_buffer_(block, n, rhs)
     rtol, atol = TOLERANCE[dtype]
     torch.testing.assert_close(rhs, expected, rtol=rtol, atol=atol)
+
+
+def test_scipys_blas_runs_the_block_solve_on_one_thread_unless_told(monkeypatch):
+    """SciPy's OpenBLAS, whose ?trsm the block append calls, is set to one thread when
+    core.blas loads: its threads busy-wait, and on cores the service's threads hold a two-row
+    solve at n = 1,000 took 21 ms instead of 0.5 ms. NumPy's BLAS, another library, keeps its
+    threads; an operator's OPENBLAS_NUM_THREADS is left as it is."""
+    import os
+
+    import threadpoolctl
+
+    if not blas_available(torch.float64):
+        pytest.skip("no SciPy BLAS capsules here: the torch fallback has no such threads")
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        pytest.skip("OPENBLAS_NUM_THREADS is set for this run: core.blas leaves it")
+    libraries = {i["filepath"]: i for i in threadpoolctl.threadpool_info()}
+    assert core.blas.SINGLE_THREADED, "SciPy's BLAS library was not found"
+    assert all(libraries[path]["num_threads"] == 1 for path in core.blas.SINGLE_THREADED)
+    assert not any("numpy" in path for path in core.blas.SINGLE_THREADED)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert core.blas._one_blas_thread() == []

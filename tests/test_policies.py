@@ -247,6 +247,22 @@ def test_flat_model_is_built_lazily_and_kept_up_to_date(intervention):
         assert torch.allclose(gp.posterior(rows).mean[0], rewards, atol=1e-2)
 
 
+def test_flat_model_learns_its_noise_when_nodes_upstream_of_the_reward_are_noisy():
+    """The flat GP sees Var(Y | a): the reward node's noise fixes it only when nothing upstream
+    adds noise (issue 22: told the reward node's noise on dropwave-drift, a lengthscale went to
+    its floor)."""
+    noisy = NetworkModel(chain_spec(noise=0.1))
+    assert noisy.flat_model().config.noise_variance is None  # X0, X1 noisy: learned
+    quiet = chain_spec(noise=0.0)
+    assert NetworkModel(quiet).flat_model().config.noise_variance == 0.0
+    last = quiet.nodes[-1].model_copy(update={"noise_std": 0.1})
+    only_reward = quiet.model_copy(update={"nodes": [*quiet.nodes[:-1], last]})
+    assert NetworkModel(only_reward).flat_model().config.noise_variance == pytest.approx(0.01)
+    learned = quiet.model_copy(update={"nodes": [*quiet.nodes[:-1], last.model_copy(
+        update={"noise_std": None})]})  # fmt: skip
+    assert NetworkModel(learned).flat_model().config.noise_variance is None
+
+
 def test_flat_encoding_of_hard_interventions_has_do_bits():
     spec = chain_spec(intervention="hard")
     model = NetworkModel(spec)

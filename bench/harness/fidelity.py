@@ -4,8 +4,11 @@
 `play_fidelity(config)` follows the agent's loop in process: propose under
 `Constraints.from_spec(spec, spent)`, run the trial (q replications of τ interactions), learn
 its mean with the variance the device would report, charge q·τ. It stops when nothing is
-affordable (the budget is spent) or after `config.rounds` rounds. Initial designs are the
-policies' own and are charged like every trial.
+affordable (the budget is spent) or after `config.rounds` rounds. `budget_rounds(spec)`, the
+most rounds the budget can pay for at the cheapest trial, is the cap `bench regret` gives a
+budgeted domain unless told otherwise, so the budget, not the cap, ends the run; a run the
+cap ends with budget unspent says so in `stop_reason`. Initial designs are the policies' own
+and are charged like every trial.
 
 Measured, with the same test environments for every policy of a seed:
 - the cost axis (the paper's Figure 7): when cumulative cost crosses each tenth of the budget,
@@ -13,9 +16,12 @@ Measured, with the same test environments for every policy of a seed:
   every policy, so they differ only in the trials they chose) is trained for τ_max
   interactions in `TEST_ENVIRONMENTS` fresh environments and scored greedily;
 - the final score: that test at the end (`final_score`, and `final_steps` for step domains);
-- Table 1's performance ratio at T = m, 2m, …, 10m: the mean over the test environments of
-  the greedy steps after T interactions with the final recommendation's subgoals over the same
-  without subgoals (TR: the ratio of discounted returns);
+- Table 1's performance ratio at T = m, 2m, …, 10m, E[V with θ_rec] / E[V from scratch]
+  (paper 001, Sec. 5.8): after T interactions in the same fresh test environments, the mean
+  greedy steps with the final recommendation's subgoals (`table1_with`) and without
+  (`table1_scratch`; TR: mean discounted returns, 0 where the goal is not reached), and their
+  quotient for this run (`table1_ratio`). Over seeds the expectation is pooled:
+  `bench.fidelity_report.table1_ratio_of` divides the means, not averages the quotients;
 - QL, the paper's subgoal-free baseline: Q-learning for τ_max in the same test environments
   (`ql_score`), independent of the policy;
 - the decision time of each round (propose) and of the model update.
@@ -33,18 +39,38 @@ import torch
 
 from bench.harness.episode import RunConfig, plain, skeleton
 from core.network import NetworkModel
-from core.spec import load_spec
+from core.spec import ExperimentSpec, load_spec
 from policies._fidelity import FidelityPolicy, FittedModel, recommend, trials
 from policies.base import Constraints, NothingAffordable
 from policies.registry import make_policy
 from sim._subgoal_env import SubgoalDomain
 from sim.registry import make_environment
 
-__all__ = ["CHECKPOINTS", "TEST_ENVIRONMENTS", "play_fidelity", "table1_ratio"]
+__all__ = [
+    "CHECKPOINTS",
+    "TEST_ENVIRONMENTS",
+    "budget_rounds",
+    "play_fidelity",
+    "table1_means",
+]
 
 TEST_ENVIRONMENTS = 100  # fresh test environments per evaluation (the paper averages 200)
 CHECKPOINTS = 10  # recommendation tests along the budget
 TABLE1_MULTIPLES = tuple(range(1, 11))
+
+
+def budget_rounds(spec: ExperimentSpec) -> int | None:
+    """The most rounds the spec's total budget can pay for: budget // the cheapest trial's
+    cost (τ_min, q_min). None without a fidelity set or a total budget.
+
+    Every round costs at least that much, so a run capped here ends when its budget is spent
+    (a policy that only ever buys the cheapest trial uses exactly this many rounds).
+    """
+    fidelity, budget = spec.fidelity, spec.constraints.budget_total
+    if fidelity is None or budget is None:
+        return None
+    cheapest = fidelity.cost(min(fidelity.levels), fidelity.q_min)
+    return max(1, math.floor(budget / cheapest + 1e-9))
 
 
 def play_fidelity(config: RunConfig) -> dict[str, Any]:
@@ -89,6 +115,7 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
     payload["optimum"] = env.optimum.value
     next_checkpoint = 1
     spent = 0.0
+    payload["stop_reason"] = None
     for number in range(config.rounds):
         constraints = Constraints.from_spec(spec, spent)
         t0, cpu_t0 = time.perf_counter(), time.process_time()
@@ -128,19 +155,27 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
             payload["curve"].append(_checkpoint(env, spec, model, fitted, grid, spent, test_seed))
             next_checkpoint += 1
     payload["spent"] = spent
+    if payload["stop_reason"] is None and _affordable(spec, spent):
+        payload["stop_reason"] = (
+            f"round cap {config.rounds} reached with {budget - spent:g} of the budget "
+            f"{budget:g} unspent"
+        )
     final = _checkpoint(env, spec, model, fitted, grid, spent, test_seed)
     if not payload["curve"] or payload["curve"][-1]["spent"] != spent:
         payload["curve"].append(final)
     theta = np.array([final["recommendation"][n] for n in env.theta_names()])
     ql = env.test(None, int(env.tau_max), TEST_ENVIRONMENTS, np.random.default_rng(test_seed))
     history = payload["history"]
+    with_goals, scratch = table1_means(env, theta, test_seed)
     payload["metrics"] = {
         "rounds_completed": len(history),
         "final_score": final["score"],
         "final_steps": final["steps"],
         "ql_score": float(env.score_of(ql).mean()),
         "ql_steps": float(ql.steps.mean()),
-        "table1_ratio": table1_ratio(env, theta, test_seed),
+        "table1_with": with_goals,
+        "table1_scratch": scratch,
+        "table1_ratio": [_quotient(w, s) for w, s in zip(with_goals, scratch, strict=True)],
         "decision_seconds": _mean([h["decision_seconds"] for h in history]),
         "update_seconds": _mean([h["update_seconds"] for h in history]),
     }
@@ -183,22 +218,41 @@ def _checkpoint(
     }
 
 
-def table1_ratio(env: SubgoalDomain, theta: np.ndarray, test_seed: list[int]) -> list[float]:
-    """Table 1 of paper 001 at T = m … 10m: steps with subgoals / steps from scratch (TR: the
-    ratio of discounted returns, higher is better), same test environments for both."""
-    ratios = []
+def table1_means(
+    env: SubgoalDomain, theta: np.ndarray, test_seed: list[int]
+) -> tuple[list[float], list[float]]:
+    """Table 1 of paper 001 at T = m … 10m: the mean over `TEST_ENVIRONMENTS` fresh test
+    environments of the greedy policy's steps after T interactions with the subgoals θ, and
+    the same from scratch (TR: mean discounted returns, 0 without the goal), in the same
+    environments. Two lists of 10 floats: (with subgoals, from scratch)."""
+    with_means, scratch_means = [], []
     for multiple in TABLE1_MULTIPLES:
         interactions = env.table1_interval * multiple
         seed = [*test_seed, multiple]
         with_goals = env.test(theta, interactions, TEST_ENVIRONMENTS, np.random.default_rng(seed))
         scratch = env.test(None, interactions, TEST_ENVIRONMENTS, np.random.default_rng(seed))
-        if env.step_metric:
-            ratios.append(float(with_goals.steps.mean() / scratch.steps.mean()))
-        else:
-            numerator = float(env.score_of(with_goals).mean())
-            denominator = float(env.score_of(scratch).mean())
-            ratios.append(numerator / denominator if denominator > 0 else math.inf)
-    return ratios
+        with_means.append(_performance(env, with_goals))
+        scratch_means.append(_performance(env, scratch))
+    return with_means, scratch_means
+
+
+def _performance(env: SubgoalDomain, episode: Any) -> float:
+    """V of Table 1 over test environments: mean steps (a cost), TR the mean return."""
+    if env.step_metric:
+        return float(episode.steps.mean())
+    return float(env.score_of(episode).mean())
+
+
+def _quotient(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else math.inf
+
+
+def _affordable(spec: ExperimentSpec, spent: float) -> bool:
+    """Whether the cheapest trial still fits the remaining budget."""
+    fidelity, budget = spec.fidelity, spec.constraints.budget_total
+    if fidelity is None or budget is None:
+        return False
+    return spent + fidelity.cost(min(fidelity.levels), fidelity.q_min) <= budget + 1e-9
 
 
 def _mean(values: list[float]) -> float | None:

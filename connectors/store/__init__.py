@@ -85,6 +85,7 @@ from connectors.store import ledger as ledger_table
 from connectors.store import readings as reading_table
 from connectors.store import rounds as round_table
 from connectors.store import snapshots as snapshot_table
+from connectors.store import visited_states as states_table
 from connectors.store.database import Database, open_database
 from connectors.store.errors import (
     BudgetExceeded,
@@ -134,6 +135,7 @@ from connectors.store.values import (
     text,
     timestamp,
 )
+from connectors.store.visited_states import StatesRow
 
 # numpy is imported where snapshots need it, so `import connectors.store` stays light.
 if TYPE_CHECKING:
@@ -169,6 +171,7 @@ __all__ = [
     "RoundStatus",
     "Snapshot",
     "SqliteLocation",
+    "StatesRow",
     "Store",
     "StoreError",
     "StoreLocation",
@@ -640,6 +643,28 @@ class Store:
         """The id of the experiment's newest reading, 0 if it has none."""
         with self._reading("last_reading_id") as conn:
             return reading_table.last_id(conn, experiment)
+
+    def add_states(
+        self, experiment: str, round: int, device_id: str, states: Any, received_at: float
+    ) -> bool:
+        """Store the states (numpy, (T, agents, obs), float32 or float64, finite) a device's
+        controller visited in the round's episode; False (nothing written) if the round already
+        has a trace from this device.
+
+        Raises:
+            StoreError: unknown round, or an array that is not float32/float64 or not finite.
+        """
+        round = integer("round", round)
+        device_id = text("device_id", device_id)
+        when = timestamp("received_at", received_at)
+        packed = array_columns(states)
+        with self._writing(f"add_states({experiment!r}, round {round})", experiment) as conn:
+            return states_table.add(conn, experiment, round, device_id, packed, when)
+
+    def visited_states(self, experiment: str) -> list[StatesRow]:
+        """The experiment's stored traces of visited states, in arrival order."""
+        with self._reading("visited_states") as conn:
+            return states_table.select(conn, experiment)
 
     def add_oracle(
         self,

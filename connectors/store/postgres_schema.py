@@ -174,5 +174,22 @@ _V_ARRAYS: Final[tuple[str, ...]] = (
     "ALTER TABLE readings ADD COLUMN array_data bytea",
 )
 
+_V_STATES: Final[tuple[str, ...]] = (
+    """
+    CREATE TABLE visited_states (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- arrival order
+        experiment text NOT NULL,
+        round bigint NOT NULL,
+        device_id text NOT NULL,
+        dtype text NOT NULL CHECK (dtype IN ('float32', 'float64')),
+        shape text NOT NULL,
+        data bytea NOT NULL,
+        received_at double precision NOT NULL,
+        UNIQUE (experiment, round, device_id),
+        FOREIGN KEY (experiment, round) REFERENCES rounds(experiment, round)
+    )
+    """,
+)
+
 # MIGRATIONS[i] takes the database from version i to i + 1 (schema.VERSIONS[i] says to what).
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS, _V_STATES]

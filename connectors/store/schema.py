@@ -29,8 +29,10 @@ VERSIONS: Final = (
     "experiments: desired state (running, paused, stopped) and lease (owner, epoch, expiry)",
     "readings: the variance of a mean and its replications; ledger: the part of a settled "
     "reservation released (a partial multi-fidelity trial)",
-    # issue 15 was assigned version 6: another branch holds version 5; the lead renumbers on merge
+    # version 5 (issue 15)
     "readings: arrays (a node with a shape): dtype, shape and little-endian bytes",
+    # version 6 (issue 13)
+    "visited_states: the states a device's controller visited in a round (paper 000)",
 )
 
 # The values the CHECK constraints allow, frozen with the migration that wrote them (its DDL

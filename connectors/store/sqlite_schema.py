@@ -170,8 +170,28 @@ _V_ARRAYS: Final[tuple[str, ...]] = (
     "ALTER TABLE readings ADD COLUMN array_data BLOB",
 )
 
+# Visited states (issue 13, paper 000's surrogate Hessian): the states [T, agents, obs] a
+# device's controller visited in one round's episode, one trace per (round, device), the first
+# kept; dtype, shape (JSON) and little-endian C-order bytes as an array reading's.
+_V_STATES: Final[tuple[str, ...]] = (
+    """
+    CREATE TABLE visited_states (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,        -- arrival order
+        experiment TEXT NOT NULL,
+        round INTEGER NOT NULL,
+        device_id TEXT NOT NULL,
+        dtype TEXT NOT NULL CHECK (dtype IN ('float32', 'float64')),
+        shape TEXT NOT NULL,
+        data BLOB NOT NULL,
+        received_at REAL NOT NULL,
+        UNIQUE (experiment, round, device_id),
+        FOREIGN KEY (experiment, round) REFERENCES rounds(experiment, round)
+    )
+    """,
+)
+
 # MIGRATIONS[i] takes user_version i to i + 1.
-MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS]
+MIGRATIONS: Final[list[tuple[str, ...]]] = [_V1, _V2, _V3, _V4, _V_ARRAYS, _V_STATES]
 
 
 def run_migration(conn: sqlite3.Connection, statements: tuple[str, ...], to_version: int) -> None:
