@@ -46,12 +46,19 @@ def kiln_quality(temps: torch.Tensor, dwell: torch.Tensor) -> torch.Tensor:
 class Kiln(Environment):
     """The kiln as a device: burners → a 16-probe field → quality (with dwell)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        name: str = "kiln",
+        temps_bounds: tuple[float, float] = (0.0, 600.0),
+        description: str = "A kiln: a 16-probe temperature field feeding the quality (issue 15)",
+    ) -> None:
+        """`name`, `temps_bounds` and `description` let a variant (sim.kiln_draft) keep the
+        kiln's nodes and actions."""
         super().__init__(
-            name="kiln",
+            name=name,
             intervention_type="soft",
             nodes=(
-                NodeInfo("temps", (), 0.0, (0.0, 600.0), shape=(PROBES,)),
+                NodeInfo("temps", (), 0.0, temps_bounds, shape=(PROBES,)),
                 NodeInfo("quality", ("temps",), QUALITY_NOISE, (-12.0, 0.0)),
             ),
             actions=(
@@ -60,7 +67,7 @@ class Kiln(Environment):
                 ActionInfo("dwell", ("quality",), _BOUNDS["dwell"], cost=1.0),
             ),
             reward_node="quality",
-            description="A kiln: a 16-probe temperature field feeding the quality (issue 15)",
+            description=description,
         )
 
     @staticmethod

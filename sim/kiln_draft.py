@@ -27,15 +27,12 @@ import math
 
 import torch
 
-from sim.base import ActionInfo, Environment, Intervention, NodeInfo, Optimum
-from sim.environmental import uniform_design
-from sim.kiln import PROBES, QUALITY_NOISE, kiln_quality, kiln_temperatures
+from sim.base import Intervention, Optimum
+from sim.kiln import PROBES, QUALITY_NOISE, Kiln, kiln_quality, kiln_temperatures
 
 DRAFT = 150.0  # the draft's cooling at the door (°) for d = 1
 _POSITIONS = torch.linspace(0.0, 1.0, PROBES, dtype=torch.float64)
 _PROFILE = torch.exp(-3.0 * _POSITIONS)  # (16,) how far into the kiln the draft reaches
-_BOUNDS = {"left": (0.0, 1.0), "right": (0.0, 1.0), "dwell": (0.0, 1.0)}
-INITIAL_DESIGN = 5
 # two-point Gauss–Legendre on [0, 1]: exact for the cubic (here quadratic) in d
 _NODES = torch.tensor([0.5 - 0.5 / math.sqrt(3.0), 0.5 + 0.5 / math.sqrt(3.0)], dtype=torch.float64)
 
@@ -56,30 +53,14 @@ def expected_quality(left: torch.Tensor, right: torch.Tensor, dwell: torch.Tenso
     return 0.5 * (draws[0] + draws[1])
 
 
-class KilnDraft(Environment):
+class KilnDraft(Kiln):
     """The kiln with an unobserved draft that only the field reveals."""
 
     def __init__(self) -> None:
         super().__init__(
             name="kiln-draft",
-            intervention_type="soft",
-            nodes=(
-                NodeInfo("temps", (), 0.0, (-150.0, 600.0), shape=(PROBES,)),
-                NodeInfo("quality", ("temps",), QUALITY_NOISE, (-12.0, 0.0)),
-            ),
-            actions=(
-                ActionInfo("left", ("temps",), _BOUNDS["left"], cost=1.0),
-                ActionInfo("right", ("temps",), _BOUNDS["right"], cost=1.0),
-                ActionInfo("dwell", ("quality",), _BOUNDS["dwell"], cost=1.0),
-            ),
-            reward_node="quality",
+            temps_bounds=(-DRAFT, 600.0),
             description="A drafty kiln: an unseen draft that only the field reveals (issue 15)",
-        )
-
-    @staticmethod
-    def _inputs(values: Intervention) -> tuple[torch.Tensor, ...]:
-        return tuple(
-            torch.tensor(float(values.get(name, 0.0)), dtype=torch.float64) for name in _BOUNDS
         )
 
     def _sample(
@@ -113,7 +94,3 @@ class KilnDraft(Environment):
             "dwell": float(dwell.reshape(-1)[best]),
         }
         return Optimum(point, float(quality.reshape(-1)[best]))
-
-    def initial_design(self, seed: int) -> list[dict[str, float]]:
-        """INITIAL_DESIGN uniform random inputs in the bounds, seeded."""
-        return uniform_design(_BOUNDS, INITIAL_DESIGN, seed)
