@@ -227,11 +227,11 @@ async def test_a_flood_is_rejected_then_redelivered_and_the_agent_keeps_going(
     slow = Experiment.propose
     thinking = threading.Event()
 
-    def thoughtful(self: Experiment):
+    def thoughtful(self: Experiment, **kwargs):
         if self.next_round == 1:
             thinking.set()
             time.sleep(1.5)  # in the policy's worker thread: the event loop keeps routing
-        return slow(self)
+        return slow(self, **kwargs)
 
     monkeypatch.setattr(Experiment, "propose", thoughtful)
     spec = spec_for("flooded", rounds=3)
