@@ -28,7 +28,8 @@ across blocks stay 0: no edge joins two blocks. The T0 base points are then all 
 (T0·C1 plays of one stencil).
 
 **The surrogate Hessian (paper 000's own phase 1, its Sec. 4.5).** With `controller` set (the
-name of a differentiable controller the devices run, `policies._controllers`), phase 1 plays no
+name of a differentiable controller the devices run, `sim/controllers.py`, found through the
+entry-point group `cbo_agent.controllers`), phase 1 plays no
 episode: the agent computes H_π = ∂²π/∂θ_a∂θ_b of the policy's output on its own copy of the
 controller (`core.structure.surrogate_hessian`, `torch.func.hessian`; the HOM policies in the
 relaxation the paper uses for this phase only, Sinkhorn–Knopp role assignment and sigmoid

@@ -1,5 +1,7 @@
-"""The benchmarks are a room of their own (DESIGN.md): bench/ may import any room, no room imports
-bench/, and the command line reaches it only through the `cbo_agent.commands` entry point."""
+"""The rooms and their arrows (docs/design.md). The benchmarks are a room of their own: bench/
+may import any room, no room imports bench/, and the command line reaches it only through the
+`cbo_agent.commands` entry point. Among the other rooms every import, lazy ones inside functions
+included, follows an arrow of ARROWS."""
 
 from __future__ import annotations
 
@@ -15,6 +17,16 @@ from agent.cli import COMMANDS_GROUP, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("agent", "core", "policies", "connectors", "sim")
+# Who may import whom (besides itself), as docs/design.md draws it. agent wires every other
+# room (its `sim` and `demo` commands run the simulators); sim's environments score a field with
+# core's field metrics, so that an oracle and the spec's reward agree by construction.
+ARROWS = {
+    "agent": {"policies", "connectors", "core", "sim"},
+    "policies": {"core"},
+    "core": set(),
+    "connectors": set(),
+    "sim": {"connectors", "core"},
+}
 # Every module of the rooms, found by walking their folders (a new module is covered unasked).
 PROBE = """
 import importlib, json, pkgutil, sys
@@ -76,6 +88,31 @@ def test_no_module_outside_bench_imports_it() -> None:
     assert ROOT / "agent" / "cli.py" in sources
     importers = [str(path.relative_to(ROOT)) for path in sources if "bench" in _imports_of(path)]
     assert importers == []
+
+
+def test_every_import_between_rooms_follows_an_arrow() -> None:
+    """policies/ once reached into sim/ for the devices' controllers through lazy imports inside
+    functions; the scan reads whole modules, so such an import is caught too."""
+    assert set(ARROWS) == set(ROOMS)
+    wrong = []
+    for room in ROOMS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            reached = (_imports_of(path) & set(ROOMS)) - ARROWS[room] - {room}
+            wrong += [f"{path.relative_to(ROOT)} imports {other}" for other in sorted(reached)]
+    assert wrong == []
+
+
+def test_the_controllers_come_from_the_entry_point_of_the_installed_package() -> None:
+    from policies._controllers import CONTROLLERS_GROUP, controller
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = project["project"]["entry-points"][CONTROLLERS_GROUP]
+    assert declared == {"sim": "sim.controllers:controllers"}
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group=CONTROLLERS_GROUP)}
+    assert installed == declared, "stale install: reinstall cbo-agent (make .venv/.installed)"
+    assert controller("mamujoco-swimmer").dim > 0
 
 
 def test_the_scan_finds_each_way_of_importing(tmp_path: Path) -> None:
