@@ -247,6 +247,8 @@ class BackgroundRefits:
         self.install_seconds: list[float] = []
         self.install_rows: list[int] = []
         self.install_at: list[float] = []  # time.time() of each install
+        # and the seconds of each node GP result installed (one member's fit and factorization)
+        self.fit_seconds: list[float] = []
 
     @property
     def running(self) -> bool:
@@ -336,6 +338,7 @@ class BackgroundRefits:
             if key == "nodes":
                 join.save_snapshot(exp)
                 join.log_refit(exp, report, fit_s=result.seconds)
+                self.fit_seconds.append(result.seconds)
             elif key.startswith("field:"):
                 exp.log.info(
                     "model.refit", nodes=[key.removeprefix("field:")], fit_s=result.seconds

@@ -311,6 +311,12 @@ def _stream(args: argparse.Namespace) -> int:
         print("cbo-agent bench stream: error: --budget needs a --capacity at least as large",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.service:
+        return _stream_service(args)
+    if args.time_limit is not None or args.pipeline != 1:
+        option = "--time-limit" if args.time_limit is not None else "--pipeline"
+        print(f"cbo-agent bench stream: error: {option} is for --service runs", file=sys.stderr)
+        return 2
     try:
         stream.run(
             args.rounds,
@@ -326,6 +332,35 @@ def _stream(args: argparse.Namespace) -> int:
     except stream.ResumeError as error:
         print(f"cbo-agent bench stream: error: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _stream_service(args: argparse.Namespace) -> int:
+    from bench import stream_service
+    from connectors.mosquitto import find_mosquitto
+
+    refused = [o for o, v in (("--resume", args.resume), ("--stop-after", args.stop_after),
+                              ("--no-refits", args.no_refits)) if v]  # fmt: skip
+    if refused:
+        print(f"cbo-agent bench stream: error: {refused[0]} is for the model-only run, not "
+              "--service", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.pipeline > 64:
+        print("cbo-agent bench stream: error: --pipeline is at most 64", file=sys.stderr)
+        return 2
+    if find_mosquitto() is None:
+        print("cbo-agent bench stream: error: --service needs mosquitto on PATH", file=sys.stderr)
+        return 2
+    stream_service.run(
+        args.rounds,
+        args.json,
+        capacity=args.capacity,
+        budget=args.budget,
+        batch=args.nodes,
+        dim=args.dim,
+        pipeline=args.pipeline,
+        time_limit_s=args.time_limit,
+    )
     return 0
 
 
@@ -371,7 +406,9 @@ def _add_drift(which: argparse._SubParsersAction) -> None:
 
 def _add_stream(which: argparse._SubParsersAction) -> None:
     stream = which.add_parser(
-        "stream", help="N readings per node through a bounded node GP: memory, update, refit"
+        "stream",
+        help="N readings per node through a bounded node GP (or, --service, through the agent on "
+        "a broker): memory, update, refit",
     )
     stream.add_argument("--rounds", type=positive_int, default=100_000, help="readings per node")
     stream.add_argument("--capacity", type=positive_int, default=2000, help="exact up to")
@@ -387,6 +424,26 @@ def _add_stream(which: argparse._SubParsersAction) -> None:
     )
     stream.add_argument(
         "--stop-after", type=positive_int, help="end at the first checkpoint at or past this"
+    )
+    stream.add_argument(
+        "--service",
+        action="store_true",
+        help="through the running agent instead: a local Mosquitto (the shipped configuration), "
+        "the agent in this process, devices publishing the same readings in another; update "
+        "p50/p99 is then each reading's publication -> stored and learned, refit s a node's "
+        "refit beside the loop, rss the agent's",
+    )
+    stream.add_argument(
+        "--pipeline",
+        type=positive_int,
+        default=1,
+        help="with --service: rounds in flight at once (the spec's schedule.pipeline, 1 to 64)",
+    )
+    stream.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="with --service: end the run after this long (the checkpoints reached are kept)",
     )
     stream.set_defaults(handler=_stream)
 

@@ -41,7 +41,15 @@ from bench.report import machine_info, print_table, progress_bar, wide_console, 
 from core.gp import GPConfig
 from core.gp.bounded import BoundedGP, make_gp
 
-__all__ = ["Checkpoint", "ResumeError", "checkpoints", "run", "state_path"]
+__all__ = [
+    "Checkpoint",
+    "ResumeError",
+    "checkpoints",
+    "flat_after_budget",
+    "run",
+    "state_path",
+    "stream_readings",
+]
 
 
 class ResumeError(ValueError):
@@ -78,6 +86,7 @@ class Checkpoint:
     update_p99_ms: float
     refit_s: float | None  # None: not measured at this checkpoint
     switched: bool
+    mode: str = "model"  # "model": the model alone; "service": through the agent (--service)
 
 
 def checkpoints(rounds: int, capacity: int | None) -> list[int]:
@@ -96,7 +105,9 @@ def _rss_mb() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
-def _readings(rounds: int, batch: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_readings(
+    rounds: int, batch: int, dim: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rounds, batch, dim) inputs and (rounds, batch) outputs, see the module."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.rand(rounds, batch, dim, dtype=torch.float64, generator=gen)
@@ -145,6 +156,24 @@ def _spread(values: list[float]) -> float:
     return max(values) / min(values) if values and min(values) > 0 else math.nan
 
 
+def _settled(rows: list[Checkpoint], budget: int | None) -> list[Checkpoint]:
+    """The checkpoints whose whole window of readings came after the nodes settled at their
+    budget."""
+    return [
+        r
+        for before, r in itertools.pairwise(rows)
+        if budget is not None and before.switched and before.rows <= budget
+    ]
+
+
+def flat_after_budget(rows: list[Checkpoint], budget: int | None) -> dict[str, float | None]:
+    """max/min of RSS and of update p99 over the settled checkpoints (None: no such checkpoint,
+    or a value that is not a positive number)."""
+    settled = _settled(rows, budget)
+    flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
+    return {key: value if math.isfinite(value) else None for key, value in flat.items()}
+
+
 def run(
     rounds: int,
     json_path: Path | None,
@@ -188,7 +217,7 @@ def run(
     if state is not None:
         gp.resume(state, replay=False)
     extra = {"seed": seed, "refits": refits, "resumed_at": resumed_at}
-    x, y = _readings(rounds, batch, dim, seed)
+    x, y = stream_readings(rounds, batch, dim, seed)
     marks = checkpoints(rounds, capacity)
     times: list[float] = []
     started = time.perf_counter()
@@ -226,13 +255,7 @@ def run(
                     return rows
             progress.advance(task)
     elapsed = spent_before + time.perf_counter() - started
-    # checkpoints whose whole window of readings came after the node settled at its budget
-    settled = [
-        r
-        for before, r in itertools.pairwise(rows)
-        if budget is not None and before.switched and before.rows <= budget
-    ]
-    flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
+    flat = flat_after_budget(rows, budget)
     print_table(
         f"Stream of {rounds} readings per node ({batch} nodes, dim {dim}, capacity {capacity}, "
         f"budget {budget}; {elapsed:.0f} s)",
@@ -240,7 +263,7 @@ def run(
         [(r.n, r.rows, r.rss_mb, r.update_p50_ms, r.update_p99_ms, r.refit_s) for r in rows],
         console,
     )
-    if settled:
+    if None not in flat.values():  # there were windows after the nodes settled
         console.print(
             "after the budget was reached: max/min rss {:.3f}, max/min update p99 {:.3f} "
             "(target: within 1.2)".format(flat["rss_mb"], flat["update_p99_ms"])

@@ -1,4 +1,5 @@
-"""`cbo-agent bench stream` and `bench drift` run end to end, small, and refuse bad arguments."""
+"""`cbo-agent bench stream` (model-only and `--service`, through a real Mosquitto) and `bench
+drift` run end to end, small, and refuse bad arguments."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from agent.cli import main
 from bench import drift
 from bench.stream import checkpoints, state_path
+from connectors.mosquitto import find_mosquitto
 
 
 def test_checkpoints_climb_a_ladder_and_include_the_capacity():
@@ -126,3 +128,37 @@ def test_bad_arguments_fail_with_one_line(args, message, capsys):
     assert main(["bench", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
+def test_stream_through_the_service_on_a_real_broker(tmp_path):
+    """`--service`: the readings go through Mosquitto and the running agent, whose bounded
+    node GPs switch at the capacity and settle at the budget; the checkpoints are the
+    model-only run's, marked `mode: service`, with the service's windows beside them."""
+    path = tmp_path / "service.json"
+    code = main(["bench", "stream", "--service", "--rounds", "90", "--capacity", "30",
+                 "--budget", "15", "--nodes", "2", "--dim", "2", "--time-limit", "240",
+                 "--json", str(path)])  # fmt: skip
+    assert code == 0
+    result = json.loads(path.read_text())
+    assert result["mode"] == "service" and result["rounds"] == 90
+    rows = {c["n"]: c for c in result["checkpoints"]}
+    assert sorted(rows) == [30, 60, 90]  # the run reached its end within the time limit
+    assert all(c["mode"] == "service" for c in rows.values())
+    assert rows[30]["rows"] == 30 and not rows[30]["switched"]
+    assert rows[60]["rows"] == rows[90]["rows"] == 15 and rows[90]["switched"]
+    assert rows[90]["update_p99_ms"] >= rows[90]["update_p50_ms"] > 0
+    assert rows[90]["rss_mb"] > 0
+    windows = result["windows"]
+    assert [w["n"] for w in windows] == [30, 60, 90]
+    assert all(w["readings_per_s"] > 0 and w["gp_update_mean_ms"] > 0 for w in windows)
+    assert result["flat_after_budget"]["rss_mb"] >= 1.0  # one settled window: 60 -> 90
+
+
+def test_stream_service_options_are_refused_where_they_do_not_apply(tmp_path, capsys):
+    path = str(tmp_path / "s.json")
+    assert main(["bench", "stream", "--service", "--resume", "--json", path]) == 2
+    assert "--resume is for the model-only run" in capsys.readouterr().err
+    assert main(["bench", "stream", "--rounds", "10", "--time-limit", "5"]) == 2
+    assert main(["bench", "stream", "--rounds", "10", "--pipeline", "2"]) == 2
+    assert main(["bench", "stream", "--service", "--pipeline", "65", "--json", path]) == 2
