@@ -313,8 +313,10 @@ def _stream(args: argparse.Namespace) -> int:
         return 2
     if args.service:
         return _stream_service(args)
-    if args.time_limit is not None or args.pipeline != 1:
-        option = "--time-limit" if args.time_limit is not None else "--pipeline"
+    service_only = {"--time-limit": args.time_limit is not None, "--pipeline": args.pipeline != 1,
+                    "--store": args.store is not None}  # fmt: skip
+    if any(service_only.values()):
+        option = next(o for o, given in service_only.items() if given)
         print(f"cbo-agent bench stream: error: {option} is for --service runs", file=sys.stderr)
         return 2
     try:
@@ -345,6 +347,10 @@ def _stream_service(args: argparse.Namespace) -> int:
         print(f"cbo-agent bench stream: error: {refused[0]} is for the model-only run, not "
               "--service", file=sys.stderr)  # fmt: skip
         return 2
+    if args.store is not None and args.store.exists():
+        print(f"cbo-agent bench stream: error: --store {args.store} exists (it takes a new file)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.pipeline > 64:
         print("cbo-agent bench stream: error: --pipeline is at most 64", file=sys.stderr)
         return 2
@@ -360,6 +366,7 @@ def _stream_service(args: argparse.Namespace) -> int:
         dim=args.dim,
         pipeline=args.pipeline,
         time_limit_s=args.time_limit,
+        store_path=args.store,
     )
     return 0
 
@@ -438,6 +445,13 @@ def _add_stream(which: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=1,
         help="with --service: rounds in flight at once (the spec's schedule.pipeline, 1 to 64)",
+    )
+    stream.add_argument(
+        "--store",
+        type=Path,
+        metavar="PATH",
+        help="with --service: keep the agent's store (SQLite) here, a new file (default: a "
+        "temporary one, removed)",
     )
     stream.add_argument(
         "--time-limit",

@@ -317,11 +317,12 @@ def run(
     seed: int = 0,
     pipeline: int = 1,
     time_limit_s: float | None = None,
+    store_path: Path | None = None,
     console: Console | None = None,
 ) -> tuple[list[Checkpoint], list[ServiceWindow]]:
     """Feed `rounds` readings per node through the agent; print and save the checkpoints (at
     every one, when `json_path` is given). `time_limit_s` ends the run early (what was
-    measured stays)."""
+    measured stays); `store_path` keeps the agent's store (SQLite) there, a new file."""
     console = console or wide_console()
     spec = stream_spec(rounds, batch, dim, capacity, budget, pipeline)
     marks = checkpoints(rounds, capacity)
@@ -368,8 +369,8 @@ def run(
             )
             try:
                 asyncio.run(
-                    _serve(spec, broker, workdir / "agent.sqlite", recorder_for, devices, ready,
-                           time_limit_s)
+                    _serve(spec, broker, store_path or workdir / "agent.sqlite", recorder_for,
+                           devices, ready, time_limit_s)
                 )  # fmt: skip
             finally:
                 if devices.is_alive():

@@ -3,14 +3,16 @@ drift` run end to end, small, and refuse bad arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 
 import numpy as np
 import pytest
 
 from agent.cli import main
 from bench import drift
-from bench.stream import checkpoints, state_path
+from bench.stream import checkpoints, state_path, stream_readings
 from connectors.mosquitto import find_mosquitto
 
 
@@ -135,24 +137,36 @@ def test_stream_through_the_service_on_a_real_broker(tmp_path):
     """`--service`: the readings go through Mosquitto and the running agent, whose bounded
     node GPs switch at the capacity and settle at the budget; the checkpoints are the
     model-only run's, marked `mode: service`, with the service's windows beside them."""
-    path = tmp_path / "service.json"
-    code = main(["bench", "stream", "--service", "--rounds", "90", "--capacity", "30",
-                 "--budget", "15", "--nodes", "2", "--dim", "2", "--time-limit", "240",
-                 "--json", str(path)])  # fmt: skip
+    path, store = tmp_path / "service.json", tmp_path / "agent.sqlite"
+    code = main(["bench", "stream", "--service", "--rounds", "60", "--capacity", "20",
+                 "--budget", "10", "--nodes", "2", "--dim", "2", "--time-limit", "240",
+                 "--store", str(store), "--json", str(path)])  # fmt: skip
     assert code == 0
+    # the agent stored the stream's own readings, and as applied the stream's inputs
+    x, y = stream_readings(60, 2, 2, 0)
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        readings = db.execute("SELECT round, node, value FROM readings").fetchall()
+        applied = dict(db.execute("SELECT round, applied FROM rounds").fetchall())
+    assert len(readings) == 120
+    for t, node, value in readings:
+        assert value == y[t, int(node.removeprefix("X"))].item()
+    assert sorted(applied) == list(range(60))
+    for t, values in applied.items():
+        want = {f"a{i}_{j}": x[t, i, j].item() for i in range(2) for j in range(2)}
+        assert json.loads(values) == want
     result = json.loads(path.read_text())
-    assert result["mode"] == "service" and result["rounds"] == 90
+    assert result["mode"] == "service" and result["rounds"] == 60
     rows = {c["n"]: c for c in result["checkpoints"]}
-    assert sorted(rows) == [30, 60, 90]  # the run reached its end within the time limit
+    assert sorted(rows) == [20, 40, 60]  # the run reached its end within the time limit
     assert all(c["mode"] == "service" for c in rows.values())
-    assert rows[30]["rows"] == 30 and not rows[30]["switched"]
-    assert rows[60]["rows"] == rows[90]["rows"] == 15 and rows[90]["switched"]
-    assert rows[90]["update_p99_ms"] >= rows[90]["update_p50_ms"] > 0
-    assert rows[90]["rss_mb"] > 0
+    assert rows[20]["rows"] == 20 and not rows[20]["switched"]
+    assert rows[40]["rows"] == rows[60]["rows"] == 10 and rows[60]["switched"]
+    assert rows[60]["update_p99_ms"] >= rows[60]["update_p50_ms"] > 0
+    assert rows[60]["rss_mb"] > 0
     windows = result["windows"]
-    assert [w["n"] for w in windows] == [30, 60, 90]
+    assert [w["n"] for w in windows] == [20, 40, 60]
     assert all(w["readings_per_s"] > 0 and w["gp_update_mean_ms"] > 0 for w in windows)
-    assert result["flat_after_budget"]["rss_mb"] >= 1.0  # one settled window: 60 -> 90
+    assert result["flat_after_budget"]["rss_mb"] >= 1.0  # one settled window: 40 -> 60
 
 
 def test_stream_service_options_are_refused_where_they_do_not_apply(tmp_path, capsys):
@@ -162,3 +176,6 @@ def test_stream_service_options_are_refused_where_they_do_not_apply(tmp_path, ca
     assert main(["bench", "stream", "--rounds", "10", "--time-limit", "5"]) == 2
     assert main(["bench", "stream", "--rounds", "10", "--pipeline", "2"]) == 2
     assert main(["bench", "stream", "--service", "--pipeline", "65", "--json", path]) == 2
+    assert main(["bench", "stream", "--rounds", "10", "--store", path]) == 2
+    (tmp_path / "taken.sqlite").write_text("")
+    assert main(["bench", "stream", "--service", "--store", str(tmp_path / "taken.sqlite")]) == 2
