@@ -87,6 +87,10 @@ class Checkpoint:
     refit_s: float | None  # None: not measured at this checkpoint
     switched: bool
     mode: str = "model"  # "model": the model alone; "service": through the agent (--service)
+    # the model-only run: the updates' CPU time on their thread, which time the process spent
+    # preempted by others (a busy machine) does not inflate; None through the service
+    update_cpu_p50_ms: float | None = None
+    update_cpu_p99_ms: float | None = None
 
 
 def checkpoints(rounds: int, capacity: int | None) -> list[int]:
@@ -156,6 +160,16 @@ def _spread(values: list[float]) -> float:
     return max(values) / min(values) if values and min(values) > 0 else math.nan
 
 
+def _cpu(row: Checkpoint) -> str:
+    if row.update_cpu_p50_ms is None or row.update_cpu_p99_ms is None:
+        return "-"
+    return f"{row.update_cpu_p50_ms:.2f}/{row.update_cpu_p99_ms:.2f}"
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
+
+
 def _settled(rows: list[Checkpoint], budget: int | None) -> list[Checkpoint]:
     """The checkpoints whose whole window of readings came after the nodes settled at their
     budget."""
@@ -170,7 +184,10 @@ def flat_after_budget(rows: list[Checkpoint], budget: int | None) -> dict[str, f
     """max/min of RSS and of update p99 over the settled checkpoints (None: no such checkpoint,
     or a value that is not a positive number)."""
     settled = _settled(rows, budget)
-    flat = {key: _spread([getattr(r, key) for r in settled]) for key in ("rss_mb", "update_p99_ms")}
+    keys = ["rss_mb", "update_p99_ms"]
+    if settled and all(r.update_cpu_p99_ms is not None for r in settled):
+        keys.append("update_cpu_p99_ms")
+    flat = {key: _spread([getattr(r, key) for r in settled]) for key in keys}
     return {key: value if math.isfinite(value) else None for key, value in flat.items()}
 
 
@@ -220,13 +237,15 @@ def run(
     x, y = stream_readings(rounds, batch, dim, seed)
     marks = checkpoints(rounds, capacity)
     times: list[float] = []
+    cpu: list[float] = []  # the same updates' CPU time of this thread (not preempted time)
     started = time.perf_counter()
     with progress_bar(console) as progress:
         task = progress.add_task("stream", total=rounds, completed=start)
         for t in range(start, rounds):
-            tick = time.perf_counter()
+            tick, cpu_tick = time.perf_counter(), time.thread_time()
             gp.learn_one(x[t], y[t])
             times.append(time.perf_counter() - tick)
+            cpu.append(time.thread_time() - cpu_tick)
             if t + 1 in marks:
                 refit_s = None
                 if refits:
@@ -241,11 +260,13 @@ def run(
                         rss_mb=_rss_mb(),
                         update_p50_ms=1e3 * statistics.median(times),
                         update_p99_ms=1e3 * cuts[98],
+                        update_cpu_p50_ms=1e3 * statistics.median(cpu),
+                        update_cpu_p99_ms=1e3 * _p99(cpu),
                         refit_s=refit_s,
                         switched=isinstance(gp, BoundedGP) and all(gp.switched),
                     )
                 )
-                times = []
+                times, cpu = [], []
                 if json_path is not None:  # at every checkpoint: a cut-off run keeps its rows
                     spent = spent_before + time.perf_counter() - started
                     _save(json_path, rounds, batch, dim, capacity, budget, spent, {}, rows, extra)
@@ -259,14 +280,22 @@ def run(
     print_table(
         f"Stream of {rounds} readings per node ({batch} nodes, dim {dim}, capacity {capacity}, "
         f"budget {budget}; {elapsed:.0f} s)",
-        ["n", "rows", "rss MB", "update p50 ms", "update p99 ms", "refit s"],
-        [(r.n, r.rows, r.rss_mb, r.update_p50_ms, r.update_p99_ms, r.refit_s) for r in rows],
+        ["n", "rows", "rss MB", "update p50 ms", "update p99 ms", "cpu p50/p99 ms", "refit s"],
+        [
+            (r.n, r.rows, r.rss_mb, r.update_p50_ms, r.update_p99_ms, _cpu(r), r.refit_s)
+            for r in rows
+        ],
         console,
     )
     if None not in flat.values():  # there were windows after the nodes settled
         console.print(
             "after the budget was reached: max/min rss {:.3f}, max/min update p99 {:.3f} "
             "(target: within 1.2)".format(flat["rss_mb"], flat["update_p99_ms"])
+            + (
+                f"; its CPU time {flat['update_cpu_p99_ms']:.3f}"
+                if "update_cpu_p99_ms" in flat
+                else ""
+            )
         )
     if json_path is not None:
         _save(json_path, rounds, batch, dim, capacity, budget, elapsed, flat, rows, extra)

@@ -32,7 +32,9 @@ def test_stream_records_checkpoints_and_settles_at_the_budget(tmp_path):
     assert rows[200]["rows"] == 200 and not rows[200]["switched"]
     assert rows[1000]["rows"] == rows[1500]["rows"] == 100 and rows[1500]["switched"]
     assert rows[1500]["update_p99_ms"] >= rows[1500]["update_p50_ms"] > 0
+    assert rows[1500]["update_cpu_p99_ms"] >= rows[1500]["update_cpu_p50_ms"] > 0
     assert result["flat_after_budget"]["rss_mb"] >= 1.0
+    assert result["flat_after_budget"]["update_cpu_p99_ms"] >= 1.0
 
 
 def test_a_stream_cut_at_a_checkpoint_resumes_to_the_same_model(tmp_path):
@@ -158,7 +160,7 @@ def test_stream_through_the_service_on_a_real_broker(tmp_path):
     assert result["mode"] == "service" and result["rounds"] == 60
     rows = {c["n"]: c for c in result["checkpoints"]}
     assert sorted(rows) == [20, 40, 60]  # the run reached its end within the time limit
-    assert all(c["mode"] == "service" for c in rows.values())
+    assert all(c["mode"] == "service" and c["update_cpu_p99_ms"] is None for c in rows.values())
     assert rows[20]["rows"] == 20 and not rows[20]["switched"]
     assert rows[40]["rows"] == rows[60]["rows"] == 10 and rows[60]["switched"]
     assert rows[60]["update_p99_ms"] >= rows[60]["update_p50_ms"] > 0
