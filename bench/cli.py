@@ -351,6 +351,9 @@ def _stream_service(args: argparse.Namespace) -> int:
         print(f"cbo-agent bench stream: error: --store {args.store} exists (it takes a new file)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.time_limit is not None and not args.time_limit > 0:
+        print("cbo-agent bench stream: error: --time-limit must be positive", file=sys.stderr)
+        return 2
     if args.pipeline > 64:
         print("cbo-agent bench stream: error: --pipeline is at most 64", file=sys.stderr)
         return 2

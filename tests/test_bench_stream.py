@@ -178,6 +178,7 @@ def test_stream_service_options_are_refused_where_they_do_not_apply(tmp_path, ca
     assert main(["bench", "stream", "--rounds", "10", "--time-limit", "5"]) == 2
     assert main(["bench", "stream", "--rounds", "10", "--pipeline", "2"]) == 2
     assert main(["bench", "stream", "--service", "--pipeline", "65", "--json", path]) == 2
+    assert main(["bench", "stream", "--service", "--time-limit", "0", "--json", path]) == 2
     assert main(["bench", "stream", "--rounds", "10", "--store", path]) == 2
     (tmp_path / "taken.sqlite").write_text("")
     assert main(["bench", "stream", "--service", "--store", str(tmp_path / "taken.sqlite")]) == 2
