@@ -347,6 +347,7 @@ def run(
                 "seed": seed,
                 "pipeline": pipeline,
                 "seconds": time.perf_counter() - began,
+                "reached": recorder.n,  # readings per node learned when this was written
                 "broker": shipped.describe(),
                 "flat_after_budget": flat_after_budget(recorder.rows, budget),
                 "checkpoints": [asdict(r) for r in recorder.rows],

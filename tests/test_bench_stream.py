@@ -157,7 +157,7 @@ def test_stream_through_the_service_on_a_real_broker(tmp_path):
         want = {f"a{i}_{j}": x[t, i, j].item() for i in range(2) for j in range(2)}
         assert json.loads(values) == want
     result = json.loads(path.read_text())
-    assert result["mode"] == "service" and result["rounds"] == 60
+    assert result["mode"] == "service" and result["rounds"] == result["reached"] == 60
     rows = {c["n"]: c for c in result["checkpoints"]}
     assert sorted(rows) == [20, 40, 60]  # the run reached its end within the time limit
     assert all(c["mode"] == "service" and c["update_cpu_p99_ms"] is None for c in rows.values())
