@@ -42,12 +42,17 @@ def pg_url() -> Iterator[str]:
 
 def _failover(rig: FleetRig, kills: int, seed: int) -> list[float]:
     """Kill -9 a random replica `kills` times at random moments (restarting it under the same
-    id after its experiments moved); seconds until each of its experiments was held again."""
+    id after its experiments moved); seconds until each of its experiments was held again.
+
+    The victim is drawn among the replicas holding an experiment at that moment: a replica
+    restarted after an earlier kill holds nothing until the others let go of something, and
+    killing it would test no failover."""
     rng = random.Random(seed)
     took: list[float] = []
     for _ in range(kills):
         time.sleep(rng.uniform(0.5, 2.5))
-        victim = rng.choice(sorted(rig.replicas))
+        holders = sorted({owner for owner in rig.owners().values() if owner is not None})
+        victim = rng.choice(holders or sorted(rig.replicas))
         took += rig.failover(victim, TTL_S + 15)
         rig.start_replica(victim)
     return took
@@ -64,7 +69,11 @@ def _check(rig: FleetRig, took: list[float]) -> None:
 
 
 def _check_failover_times(rig: FleetRig) -> None:
-    """Each takeover came within what the settings allow, in two parts.
+    """Every experiment of a killed replica resumed on another within TTL + 5 s of the kill
+    (issue 18): from the kill (the test's clock once the victim is reaped) to the new owner's
+    ``fleet.taken`` (rebuilt from the store, subscribed, about to re-ask the device). And each
+    takeover came within what the settings allow, in two parts, which say what was slow when
+    the wall bound fails.
 
     The lease: the victim renewed it at most a heartbeat before the kill, so it ran out at most
     a TTL after (the store's clock, read just after the kill). The claim: once the lease ran
@@ -75,10 +84,10 @@ def _check_failover_times(rig: FleetRig) -> None:
     experiment cold), plus two heartbeats of slack for subscribing and for an event loop
     behind on a loaded machine.
 
-    A wall bound from the kill (TTL + 5 s) failed now and then on a loaded 2-core machine where
-    rebuilding was slow; these grow with the rebuilding the replicas measured and still fail
-    when a lease outlives its TTL or a takeover waits for anything else (stalled claims, a
-    heartbeat skipped).
+    The wall bound failed now and then on a loaded 2-core machine where rebuilding was slow:
+    the first experiment a replica took imported every policy module (cma, matplotlib: 2.5 s
+    at load 6, more under heavier load) inside the takeover. A replica imports them before it
+    starts (`fleet.started`), and the wall bound is checked again.
     """
     heartbeat = TTL_S / 3  # `FleetSettings.period_s`: the rig sets no heartbeat
     loaded: dict[str, float] = {}  # victim -> rebuilding of its experiments so far
@@ -90,11 +99,12 @@ def _check_failover_times(rig: FleetRig) -> None:
         what = (
             f"{takeover.experiment} taken by {takeover.owner} {takeover.seconds:.2f} s after "
             f"{takeover.victim} was killed, its lease running {takeover.lease_left_s:.2f} s "
-            f"more (TTL {TTL_S} s, heartbeat {heartbeat:.2f} s, rebuilding {rebuilt:.2f} s); "
-            f"all: {rig.takeovers}"
+            f"more, granted {takeover.acquired_s} s after the kill (TTL {TTL_S} s, heartbeat "
+            f"{heartbeat:.2f} s, rebuilding {rebuilt:.2f} s); all: {rig.takeovers}"
         )
         assert takeover.lease_left_s <= TTL_S + 0.1, what
         assert claim_s <= allowed, f"claimed {claim_s:.2f} s after the lease ran out: {what}"
+        assert takeover.seconds <= TTL_S + 5.0, f"not resumed within TTL + 5 s: {what}"
 
 
 def test_failover_three_replicas_no_reading_lost_nothing_twice(pg_url: str, tmp_path: Path) -> None:
