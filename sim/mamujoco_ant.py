@@ -27,7 +27,7 @@ import numpy as np
 
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
-from sim.mamujoco import parallel_env, play
+from sim.mamujoco import parallel_env, play_kept
 
 __all__ = ["AGENTS", "JOINTS", "OBS", "MaMuJoCoAnt", "blocks", "linear_actions", "parameter_count"]
 
@@ -69,6 +69,7 @@ class MaMuJoCoAnt(EpisodeEnvironment):
 
     oracle_episodes = ORACLE_EPISODES
     reference_return = REFERENCE
+    records_states = True
 
     def __init__(self) -> None:
         self.dim = parameter_count()
@@ -94,4 +95,4 @@ class MaMuJoCoAnt(EpisodeEnvironment):
 
     def episode(self, theta: np.ndarray, seed: int) -> float:
         """The return of one episode with θ, reset with `seed` (ends early if the Ant falls)."""
-        return play(self._env, lambda obs: linear_actions(theta, obs), seed, STEPS)
+        return play_kept(self, self._env, lambda obs: linear_actions(theta, obs), seed, STEPS)

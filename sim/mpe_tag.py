@@ -104,6 +104,7 @@ class MPETag(EpisodeEnvironment):
 
     oracle_episodes = ORACLE_EPISODES
     reference_return = BOUND
+    records_states = True
 
     def __init__(self, heterogeneous: bool = False, controller: str = "mlp") -> None:
         name = ("mpe-tag-het" if heterogeneous else "mpe-tag") + (
@@ -148,15 +149,20 @@ class MPETag(EpisodeEnvironment):
                 agent.max_speed, agent.accel = speed, accel
         total = 0.0
         predators = [f"adversary_{i}" for i in range(3)]
+        visited: list[np.ndarray] = []
         for _ in range(STEPS):
             if not self._env.agents:
                 break
             obs = np.stack([observations[a] for a in predators])
+            if self.record_states:
+                visited.append(obs.astype(np.float64))
             moves = self._predator_actions(theta, obs).astype(np.float32)
             actions = {a: moves[i] for i, a in enumerate(predators)}
             actions["agent_0"] = _prey_action(observations["agent_0"])
             observations, rewards, _, _, _ = self._env.step(actions)
             total += float(rewards["adversary_0"])
+        if self.record_states:
+            self.keep_states(visited)
         return total
 
     def _predator_actions(self, theta: np.ndarray, obs: np.ndarray) -> np.ndarray:
