@@ -25,6 +25,10 @@ the Hungarian algorithm, message passing over the role-interaction graph) and it
 `hom-no-ra` (no role assignment, 363) and `hom-no-ri` (no role interaction, 164). The HOM's
 hidden state h ∈ (−1, 1)^5 becomes MPE's action (1 + h) / 2. Environments `mpe-tag-hom`,
 `mpe-tag-hom-no-ra`, `mpe-tag-hom-no-ri` and `mpe-tag-het-hom`.
+
+Every variant records the states its controller visits where asked (`record_states`: `cbo-agent
+sim NAME --send-states`, or `bench regret` for `hagpucb`'s `visited_states`): the three
+predators' observations of each step, [25, 3, 16] per episode.
 """
 
 from __future__ import annotations
