@@ -659,7 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except EnvironmentUnavailable as missing:  # an optional extra this install lacks
         return _refuse(args.command, [str(missing)])
-    except StatesNotRecorded as mistake:  # `sim --send-states` for an environment without
+    except StatesNotRecorded as mistake:  # `sim --send-states`, an environment without states
         return _refuse(args.command, [str(mistake)])
 
 
