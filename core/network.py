@@ -358,6 +358,7 @@ class NetworkModel:
         per_row = gp.batch * (torch.finfo(gp.dtype).bits // 8)
         most = math.isqrt(max(limit_bytes, 0) // per_row)
         gp.reserve(min(rows + pending, most))
+        gp.most_rows = rows + pending  # past the room reserved, spares are made ahead of need
         return gp.room
 
     def start_round(self, intervention: Intervention) -> int:

@@ -98,6 +98,7 @@ def test_an_experiment_with_max_rounds_never_grows_its_buffers_while_it_learns(m
     exp = Experiment(_spec(max_rounds), Store(":memory:"), seed=1, clock=clock)
     capacity = exp.model.gp.room
     assert capacity >= max_rounds + 4  # every round's row and the pipeline's pending points
+    assert not exp.model.gp.spare_wanted()  # nor a spare, whose memory no growth would use
     seq = 0
     while not exp.finished or exp.in_flight:
         while exp.can_propose(clock()):
@@ -121,6 +122,7 @@ def test_the_reservation_is_bounded_by_its_memory_and_by_a_bounded_model():
     model = NetworkModel(spec)
     per_row = model.gp.batch * 8
     assert model.reserve_rounds(10_000, 4, limit_bytes=per_row * 100**2) == 100
+    assert model.gp.most_rows == 10_004  # past the 100 rows reserved, spares come ahead of need
     bounded = NetworkModel(_spec(None, capacity=50))
     assert bounded.reserve_rounds(10_000, 4, limit_bytes=2**30) <= 60
     assert next_capacity(100) == 150 and next_capacity(100, 200) == 200

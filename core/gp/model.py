@@ -157,6 +157,9 @@ class IncrementalGP:
         self._arange_b = torch.arange(b, device=self.device)
         self._cache = FactorCache(self._buffers)
         self._refresh_scalars()
+        # the most rows a member will ever hold, when known (an experiment's last round and
+        # pending points, `NetworkModel.reserve_rounds`): no spare is made for a growth past it
+        self.most_rows: int | None = None
 
     def reserve(self, rows: int) -> None:
         """Make room for `rows` rows per member now, so that later appends never reallocate."""
@@ -174,6 +177,8 @@ class IncrementalGP:
         the next growth: then `prepare_spare` (beside the learning) saves the growth its
         allocation."""
         buffers = self._buffers
+        if self.most_rows is not None and self.most_rows <= buffers.capacity:
+            return False  # room for every row it will hold: no growth ever comes
         held = max(buffers.rows, default=0) + len(self._pending)
         spare = buffers.spare
         ready = spare is not None and spare.capacity > buffers.capacity
