@@ -39,6 +39,11 @@ from policies.base import Policy
 from policies.random_search import RandomPolicy
 from policies.registry import make_policy
 
+# The most the node GPs' factors may take when an experiment with `schedule.max_rounds` makes
+# room for all its rows at the start (`NetworkModel.reserve_rounds`); past it they grow as
+# they fill, a spare made beside the learning (`agent.runtime`) taking most of each growth.
+RESERVE_BYTES = 512 * 2**20
+
 # The round types are re-exported: code written before the split imports them from here.
 __all__ = ["BUSY", "EventSink", "Experiment", "LiveRound", "RoundEvent", "RoundStatus", "Verdict"]
 
@@ -103,6 +108,10 @@ class Experiment:
         recovery.check_same_experiment(self)
         store.upsert_experiment(self.name, spec.model_dump(mode="json", by_alias=True))
         recovery.recover(self)
+        schedule = spec.schedule
+        if schedule.max_rounds is not None:
+            # the node GPs' buffers grow now, not in the middle of a batch of readings
+            self.model.reserve_rounds(schedule.max_rounds, schedule.pipeline, RESERVE_BYTES)
 
     # ------------------------------------------------------------------ state
     @property

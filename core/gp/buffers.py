@@ -15,10 +15,13 @@ import torch
 
 __all__ = [
     "GPBuffers",
+    "Spare",
     "allocate",
+    "blank",
     "ensure_capacity",
     "grow",
     "memory_bytes",
+    "next_capacity",
     "put_data",
     "row_mask",
     "selector",
@@ -26,6 +29,21 @@ __all__ = [
 ]
 
 INITIAL_CAPACITY = 16
+GROWTH = 1.5  # a full buffer grows to this multiple of its capacity (amortized O(1) copies)
+
+
+@dataclass(eq=False)
+class Spare:
+    """Blank buffers (the identity and zeros) with room for `capacity` rows, made ahead of need
+    (`blank`, in any thread) for `grow` to take instead of allocating its own: allocating and
+    filling (b, c, c) is most of a growth's cost (page faults on fresh memory), and a grown
+    buffer is needed in the middle of an append."""
+
+    factor: torch.Tensor
+    z: torch.Tensor
+    y: torch.Tensor
+    v: torch.Tensor
+    capacity: int
 
 
 @dataclass(eq=False)
@@ -41,6 +59,7 @@ class GPBuffers:
         real: the observations of each member (its first rows).
         capacity: c.
         version: bumped by every change of the factor; keys what is derived from it.
+        spare: blank buffers of a larger capacity made ahead of need, or None (`Spare`).
     """
 
     factor: torch.Tensor
@@ -51,6 +70,7 @@ class GPBuffers:
     real: list[int]
     capacity: int
     version: int = 0
+    spare: Spare | None = None
 
 
 def allocate(batch: int, dim: int, *, dtype: torch.dtype, device: torch.device) -> GPBuffers:
@@ -69,10 +89,44 @@ def _blank(
     return factor, z, torch.zeros(batch, capacity, **opts), torch.zeros(batch, capacity, **opts)
 
 
-def grow(buffers: GPBuffers, capacity: int) -> None:
-    """Reallocate with room for `capacity` rows per member, keeping every row held."""
-    batch, old, dim = buffers.z.shape
+def blank(buffers: GPBuffers, capacity: int) -> Spare:
+    """Blank buffers shaped like `buffers`' with room for `capacity` rows: a `Spare` for
+    `grow`. Reads only shapes, dtype and device, so another thread may call it while the
+    owner appends."""
+    batch, _, dim = buffers.z.shape
     factor, z, y, v = _blank(batch, dim, capacity, buffers.z.dtype, buffers.z.device)
+    return Spare(factor, z, y, v, capacity)
+
+
+def next_capacity(capacity: int, rows: int = 0) -> int:
+    """The capacity a buffer of `capacity` grows to when it must hold `rows` rows."""
+    return max(rows, math.ceil(capacity * GROWTH), INITIAL_CAPACITY)
+
+
+def _take_spare(buffers: GPBuffers, capacity: int) -> Spare | None:
+    """The spare, if it has room for `capacity` rows and fits `buffers` (taken: None after)."""
+    spare, buffers.spare = buffers.spare, None
+    if spare is None or spare.capacity < capacity:
+        return None
+    batch, _, dim = buffers.z.shape
+    fits = (
+        spare.z.shape[0] == batch
+        and spare.z.shape[2] == dim
+        and spare.z.dtype == buffers.z.dtype
+        and spare.z.device == buffers.z.device
+    )
+    return spare if fits else None
+
+
+def grow(buffers: GPBuffers, capacity: int) -> None:
+    """Reallocate with room for `capacity` rows per member (or the spare's, if it has that
+    room: then only the rows held are copied), keeping every row held."""
+    batch, old, dim = buffers.z.shape
+    spare = _take_spare(buffers, capacity)
+    if spare is None:
+        factor, z, y, v = _blank(batch, dim, capacity, buffers.z.dtype, buffers.z.device)
+    else:
+        factor, z, y, v, capacity = spare.factor, spare.z, spare.y, spare.v, spare.capacity
     factor[:, :old, :old] = buffers.factor
     z[:, :old], y[:, :old], v[:, :old] = buffers.z, buffers.y, buffers.v
     buffers.factor, buffers.z, buffers.y, buffers.v = factor, z, y, v
@@ -82,7 +136,7 @@ def grow(buffers: GPBuffers, capacity: int) -> None:
 def ensure_capacity(buffers: GPBuffers, rows: int) -> None:
     """Room for `rows` rows per member, growing by half at least (amortized O(1) reallocations)."""
     if rows > buffers.capacity:
-        grow(buffers, max(rows, math.ceil(buffers.capacity * 1.5), INITIAL_CAPACITY))
+        grow(buffers, next_capacity(buffers.capacity, rows))
 
 
 def truncate(buffers: GPBuffers, member: int, rows: int) -> None:

@@ -42,7 +42,16 @@ import torch
 
 from core.gp.append import append_rows, member_scalars
 from core.gp.block import append_block, one_thread
-from core.gp.buffers import allocate, ensure_capacity, grow, memory_bytes, put_data, truncate
+from core.gp.buffers import (
+    allocate,
+    blank,
+    ensure_capacity,
+    grow,
+    memory_bytes,
+    next_capacity,
+    put_data,
+    truncate,
+)
 from core.gp.change import CHANGE_FIELDS, ChangeDetector
 from core.gp.checks import (
     check_bounds,
@@ -66,6 +75,9 @@ from core.gp.window import apply_window, forget_oldest
 
 # The most rows `learn_block` appends as one block (see `_append_blocks`).
 BLOCK_ROWS = 64
+# A spare (the next, larger buffer, `prepare_spare`) is wanted once the rows held pass this
+# share of the capacity: made beside the learning, it is ready before a growth needs it.
+SPARE_AT = 0.75
 
 # The rows a model's `state()` carries when a replay from scratch would not rebuild its set of
 # rows (a budget, a change detector): each member's rows (b, c, d) and (b, c), its count of
@@ -145,11 +157,42 @@ class IncrementalGP:
         self._arange_b = torch.arange(b, device=self.device)
         self._cache = FactorCache(self._buffers)
         self._refresh_scalars()
+        # the most rows a member will ever hold, when known (an experiment's last round and
+        # pending points, `NetworkModel.reserve_rounds`): no spare is made for a growth past it
+        self.most_rows: int | None = None
 
     def reserve(self, rows: int) -> None:
         """Make room for `rows` rows per member now, so that later appends never reallocate."""
         if rows > self._buffers.capacity:
             grow(self._buffers, rows)
+
+    @property
+    def room(self) -> int:
+        """Rows each member has room for before the buffers must grow (a `BoundedGP`'s
+        `capacity` is another thing: the rows it keeps exactly)."""
+        return self._buffers.capacity
+
+    def spare_wanted(self) -> bool:
+        """Whether the rows held passed `SPARE_AT` of the capacity with no spare ready for
+        the next growth: then `prepare_spare` (beside the learning) saves the growth its
+        allocation."""
+        buffers = self._buffers
+        if self.most_rows is not None and self.most_rows <= buffers.capacity:
+            return False  # room for every row it will hold: no growth ever comes
+        held = max(buffers.rows, default=0) + len(self._pending)
+        spare = buffers.spare
+        ready = spare is not None and spare.capacity > buffers.capacity
+        return not ready and held >= SPARE_AT * buffers.capacity
+
+    def prepare_spare(self) -> None:
+        """Allocate the buffers the next growth takes (`core.gp.buffers.Spare`): the identity
+        and zeros at `next_capacity`, most of a growth's cost. Safe in another thread while
+        this model learns: it reads only shapes, and hands the spare over by one assignment;
+        a growth that came first makes it useless, not wrong (`grow` checks its room)."""
+        buffers = self._buffers
+        spare = blank(buffers, next_capacity(buffers.capacity))
+        if spare.capacity > buffers.capacity:
+            buffers.spare = spare
 
     # ------------------------------------------------------------------ public state
     @property
