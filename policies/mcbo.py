@@ -83,6 +83,14 @@ class MCBOSettings(SearchSettings):
         rescore_samples: common noise draws scoring every restart at the end (paper: 1000).
         hidden_factor: η-net hidden width = hidden_factor · input width (authors: 4).
         candidate_steps: projected-Adam steps of the per-candidate η.
+        lengthscale_decay: p of the shrinking lengthscales (Berkenkamp et al. 2019, A-GP-UCB):
+            each node's GP lengthscales are capped at `lengthscale_start`·t^(−p) in the
+            proposal's view of the model (t = rounds learned, the initial design included) and
+            β is multiplied by t^(p·d/2), d the widest node input (the RKHS norm's growth
+            under lengthscales shrunk by g = t^p is ≤ g^(d/2)). None: the fitted lengthscales
+            and β as set. See the module docstring.
+        lengthscale_start: ℓ_0 of the cap, unit-cube units; 1/3 is the mode of the Gamma(3, 6)
+            lengthscale prior (`model.priors: gamma`).
     """
 
     beta: float = Field(default=0.5, ge=0)
@@ -95,6 +103,8 @@ class MCBOSettings(SearchSettings):
     rescore_samples: int = Field(default=256, ge=1)
     hidden_factor: int = Field(default=4, ge=1)
     candidate_steps: int = Field(default=50, ge=0)
+    lengthscale_decay: float | None = Field(default=None, gt=0, le=1)
+    lengthscale_start: float = Field(default=1.0 / 3.0, gt=0)
 
 
 class MCBOPolicy(SearchPolicy):
@@ -105,7 +115,15 @@ class MCBOPolicy(SearchPolicy):
     handles_field_parents = True  # a field parent's sample paths are passed on (see below)
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
-        return _MCBOProblem(self, model, seed, deadline)
+        growth = 1.0
+        decay = self.settings.lengthscale_decay
+        if decay is not None:
+            t = max(len(model.history), 1)
+            cap = self.settings.lengthscale_start * t**-decay
+            model = model.with_lengthscale_caps(dict.fromkeys(model.order, cap))
+            width = max(model.inputs[node].width for node in model.order)
+            growth = t ** (decay * width / 2)
+        return _MCBOProblem(self, model, seed, deadline, growth)
 
     def eta_mode(
         self, model: NetworkModel, set_actions: tuple[str, ...] = ()
@@ -139,11 +157,16 @@ class MCBOPolicy(SearchPolicy):
 
 class _MCBOProblem(Problem):
     def __init__(
-        self, policy: MCBOPolicy, model: NetworkModel, seed: int, deadline: Deadline
+        self,
+        policy: MCBOPolicy,
+        model: NetworkModel,
+        seed: int,
+        deadline: Deadline,
+        growth: float = 1.0,
     ) -> None:
         super().__init__(policy, model, seed)
         self.deadline = deadline
-        self.beta = beta_at(self.settings.beta, self.settings.beta_schedule, model)
+        self.beta = growth * beta_at(self.settings.beta, self.settings.beta_schedule, model)
         self.noise = {node: model.known_noise_std(node) for node in model.order}
         self.column = {node: j for j, node in enumerate(model.order)}
         self.noisy = any(std > 0 for std in self.noise.values())
