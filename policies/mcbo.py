@@ -42,7 +42,21 @@ epistemic uncertainty as over the noise; its children hallucinate at the sampled
 sampled field is random given a, so "auto" treats it as a noisy node.
 
 β: `beta` (default 0.5, the middle of the paper's grid {0.05, 0.5, 5}), or `beta_schedule`
-(see `policies._beta`). Finite candidate sets are scored exhaustively with a constant η per
+(see `policies._beta`).
+
+Shrinking lengthscales (`lengthscale_decay` p; off by default). The node GPs' lengthscales are
+MAP estimates refit from the policy's own data; where the data never showed a short-scale
+feature the fit is smooth there, σ small, and no constant β makes a look worthwhile (issue 19:
+ToyGraph's optimum at do(X1 ≈ −3.2), hidden behind the fitted trend and the +π mode). After
+Berkenkamp et al. (2019, "No-regret Bayesian optimization with unknown hyperparameters"), the
+proposal sees every node's lengthscales capped at ℓ_0·g(t)⁻¹ with g(t) = t^p (the fitted value
+where it is shorter: their practical variant keeps the estimate under a shrinking cap), so the
+function class the optimism covers grows with t, and β grows with the RKHS norm bound of that
+class, ×g(t)^(d/2) (d the widest node input). The cap acts on a view of the model
+(`NetworkModel.with_lengthscale_caps`), refactorized once per proposal: what the model learns
+and reports is unchanged. Measured in docs/benchmarks.md (issue 19, third pass).
+
+Finite candidate sets are scored exhaustively with a constant η per
 candidate, optimized for all candidates at once by projected Adam (η_Y = +1 in closed form; no
 optimization when the reward is the only hallucinated node).
 """
