@@ -50,8 +50,9 @@ feature the fit is smooth there, σ small, and no constant β makes a look worth
 ToyGraph's optimum at do(X1 ≈ −3.2), hidden behind the fitted trend and the +π mode). After
 Berkenkamp et al. (2019, "No-regret Bayesian optimization with unknown hyperparameters"), the
 proposal sees every node's lengthscales capped at ℓ_0·g(t)⁻¹ with g(t) = t^p (the fitted value
-where it is shorter: their practical variant keeps the estimate under a shrinking cap), so the
-function class the optimism covers grows with t, and β grows with the RKHS norm bound of that
+where it is shorter: the MAP estimate under a cap that shrinks as A-GP-UCB's lengthscales do;
+their adaptive choice of g(t) is not implemented), so the function class the optimism covers
+grows with t, and β grows with the RKHS norm bound of that
 class, ×g(t)^(d/2) (d the widest node input). The cap acts on a view of the model
 (`NetworkModel.with_lengthscale_caps`), refactorized once per proposal: what the model learns
 and reports is unchanged. Measured in docs/benchmarks.md (issue 19, third pass).
