@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent.paths import example_spec
-from bench.harness.episode import _initial_design, seed_streams
+from bench.harness.episode import _initial_design, _StatesHandOver, seed_streams
 from core.network import NetworkModel
 from core.spec import load_spec
 from policies._optimize import Deadline
@@ -37,7 +37,11 @@ def test_mcbo_proposes_inside_the_do_domain_of_x1():
     policy = make_policy("mcbo", spec, {**spec.policy.settings, "max_seconds": 120.0})
     design = torch.Generator().manual_seed(design_seed)
     payload: dict = {"initial_design": [], "history": []}
-    _initial_design(env, spec, model, SEED, noise, design, payload)
+    states = _StatesHandOver(env, policy)  # mcbo takes no states: records nothing
+    try:
+        _initial_design(env, spec, model, SEED, noise, design, payload, states)
+    finally:
+        states.close()
     proposed = []
     for _ in range(ROUNDS):
         proposal = policy.propose(model, Constraints.from_spec(spec), rng)
@@ -64,7 +68,12 @@ def _trapped_model(seed: int) -> tuple[NetworkModel, object]:
     spec = load_spec(example_spec("toygraph"))
     model = NetworkModel(spec)
     design = torch.Generator().manual_seed(design_seed)
-    _initial_design(env, spec, model, seed, noise, design, {"initial_design": [], "history": []})
+    states = _StatesHandOver(env, make_policy("mcbo", spec, spec.policy.settings))
+    try:
+        payload = {"initial_design": [], "history": []}
+        _initial_design(env, spec, model, seed, noise, design, payload, states)
+    finally:
+        states.close()
     for k in range(TRAP_ROUNDS):
         intervention = {"do_X1": MODE + 0.2 * (k % 3 - 1)}
         model.learn(intervention, env.step(intervention, noise))
