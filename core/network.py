@@ -20,6 +20,7 @@ draws the field from its posterior — S Matheron sample paths on fixed base sam
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -621,6 +622,30 @@ class NetworkModel:
             else:
                 row.append(float(readings[p]))
         return row + [float(actions.get(a, 0.0)) for a in inputs.actions]
+
+    def with_lengthscale_caps(self, caps: Mapping[str, float]) -> NetworkModel:
+        """A view of this model in which node i's lengthscales are at most caps[i].
+
+        Caps are in the unit-cube units of the GP inputs and apply to a node's own inputs
+        (parents, actions), not to a time-aware model's round. The view shares everything with
+        this model but its GPs, a copy refactorized once under the capped values (O(n³) per
+        capped node); this model is unchanged. Returns this model when no lengthscale exceeds
+        its cap. For a policy that widens the function class it considers (Berkenkamp et al.
+        2019; `policies.mcbo`), never for learning: the view must not learn.
+        """
+        lengthscale = self.gp.lengthscale.clone()
+        changed = False
+        for node, cap in caps.items():
+            j, width = self.member[node], self.inputs[node].width
+            if width and bool((lengthscale[j, :width] > cap).any()):
+                lengthscale[j, :width] = lengthscale[j, :width].clamp_max(cap)
+                changed = True
+        if not changed:
+            return self
+        view = copy.copy(self)
+        view.gp = copy.deepcopy(self.gp)
+        view.gp.set_hyperparameters(lengthscale=lengthscale)
+        return view
 
     @property
     def observed_rewards(self) -> list[float]:

@@ -112,3 +112,26 @@ def test_unknown_names_are_rejected():
         model.action_vector({"w": 1.0})
     with pytest.raises(ValueError, match="not finite"):
         model.observe(r, {"A": float("nan")})
+
+
+def test_lengthscale_caps_give_a_view_and_leave_the_model_alone():
+    """`with_lengthscale_caps` (issue 19, MCBO's shrinking lengthscales): the view's capped node
+    is less sure away from its data, the model it came from is untouched, and a cap above every
+    lengthscale returns the model itself."""
+    model = chain("hard")
+    for a, u in ((0.1, 0.0), (0.2, 0.5), (0.3, -0.5), (0.4, 1.0)):
+        model.learn({}, {"A": a, "B": 2 * a - 0.4, "C": 1.5 * (2 * a - 0.4)})
+        model.learn({"u": u}, {"A": a, "B": u, "C": 1.5 * u})
+    before = model.gp.lengthscale.clone()
+    far = torch.tensor([[-1.8]], dtype=torch.float64)  # B far from every reading of C's input
+    mean, std = model.node_posterior("C", far)
+    assert model.with_lengthscale_caps({"C": 100.0}) is model
+    view = model.with_lengthscale_caps({"C": 0.01})
+    assert view is not model
+    assert float(view.gp.lengthscale[model.member["C"], 0]) == pytest.approx(0.01)
+    torch.testing.assert_close(view.gp.lengthscale[: model.member["C"]], before[:2])
+    _, view_std = view.node_posterior("C", far)
+    assert float(view_std) > float(std)
+    torch.testing.assert_close(model.gp.lengthscale, before)  # the model is unchanged
+    again_mean, again_std = model.node_posterior("C", far)
+    torch.testing.assert_close((again_mean, again_std), (mean, std))

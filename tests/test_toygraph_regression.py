@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent.paths import example_spec
-from bench.harness.episode import _initial_design, seed_streams
+from bench.harness.episode import _initial_design, _StatesHandOver, seed_streams
 from core.network import NetworkModel
 from core.spec import load_spec
 from policies._optimize import Deadline
@@ -37,7 +37,11 @@ def test_mcbo_proposes_inside_the_do_domain_of_x1():
     policy = make_policy("mcbo", spec, {**spec.policy.settings, "max_seconds": 120.0})
     design = torch.Generator().manual_seed(design_seed)
     payload: dict = {"initial_design": [], "history": []}
-    _initial_design(env, spec, model, SEED, noise, design, payload)
+    states = _StatesHandOver(env, policy)  # mcbo takes no states: records nothing
+    try:
+        _initial_design(env, spec, model, SEED, noise, design, payload, states)
+    finally:
+        states.close()
     proposed = []
     for _ in range(ROUNDS):
         proposal = policy.propose(model, Constraints.from_spec(spec), rng)
@@ -64,7 +68,12 @@ def _trapped_model(seed: int) -> tuple[NetworkModel, object]:
     spec = load_spec(example_spec("toygraph"))
     model = NetworkModel(spec)
     design = torch.Generator().manual_seed(design_seed)
-    _initial_design(env, spec, model, seed, noise, design, {"initial_design": [], "history": []})
+    states = _StatesHandOver(env, make_policy("mcbo", spec, spec.policy.settings))
+    try:
+        payload = {"initial_design": [], "history": []}
+        _initial_design(env, spec, model, seed, noise, design, payload, states)
+    finally:
+        states.close()
     for k in range(TRAP_ROUNDS):
         intervention = {"do_X1": MODE + 0.2 * (k % 3 - 1)}
         model.learn(intervention, env.step(intervention, noise))
@@ -94,3 +103,27 @@ def test_mcbo_optimism_covers_the_unexplored_optimum():
     truth = make_environment("toygraph", TRAP_SEED).expected_reward({"do_X1": OPTIMUM})
     assert optimum >= truth, f"optimism {optimum:.2f} below E[Y | do(X1 = −3.2)] = {truth:.2f}"
     assert optimum > mode, f"optimism at the optimum {optimum:.2f} ≤ at the +π mode {mode:.2f}"
+
+
+def test_shrinking_lengthscales_cover_the_unexplored_optimum():
+    """The same trapped model with `lengthscale_decay: 0.5` (Berkenkamp et al. 2019): Y's
+    lengthscale capped at (1/3)·t^(−1/2) of the cube (t = 24 rounds: 1.7 units of X1, against
+    cos X1's period 6.3) and β = 0.5·t^(1/4) ≈ 1.1. Away from the +π readings μ_Y reverts to the
+    data mean and σ_Y to its prior, so the optimism at do(X1 = −3.2) exceeds both its true value
+    and the value at the mode: what the spec's fitted lengthscale (≈ 10 units) and β = 0.5 do
+    not give (the strict xfail above). Seeds 0 and 2 hold as well; seed 3 ranks the optimum
+    first but its optimism there (1.67) is below 2.17 (docs/benchmarks.md)."""
+    model, spec = _trapped_model(TRAP_SEED)
+    policy = make_policy("mcbo", spec, {**spec.policy.settings, "lengthscale_decay": 0.5})
+    problem = policy.problem(model, 0, Deadline(60.0))
+    assert problem.beta == pytest.approx(0.5 * len(model.history) ** 0.25)
+    actions = torch.stack([model.action_vector({"do_X1": x}) for x in (OPTIMUM, MODE)])
+    eta = actions.new_zeros(2, len(problem.eta_nodes(("do_X1",))))
+    optimum, mode = problem.optimistic_reward(actions, eta, ("do_X1",), problem.beta).tolist()
+    truth = make_environment("toygraph", TRAP_SEED).expected_reward({"do_X1": OPTIMUM})
+    assert optimum >= truth, f"optimism {optimum:.2f} below E[Y | do(X1 = −3.2)] = {truth:.2f}"
+    assert optimum > mode, f"optimism at the optimum {optimum:.2f} ≤ at the +π mode {mode:.2f}"
+    # the policy's view, not the model: the model keeps its fitted lengthscales
+    assert problem.model is not model
+    y = model.member["Y"]
+    assert float(model.gp.lengthscale[y, 0]) > float(problem.model.gp.lengthscale[y, 0])
