@@ -7,11 +7,19 @@ the agent never spends beyond the budget by itself, and what a device did is rec
 hidden. The same holds for an action the actuator rejected (its reservation released) and then
 reports applied after all, or sends readings of: a rejection never silently un-spends.
 
+An ack counts as in time when the agent *received* it before `expires_at` — when the MQTT
+reader routed it to the experiment's inbox — not when the experiment got round to handling it:
+on a busy replica an ack can wait in the inbox for seconds behind the experiment's own work, and
+that wait must not expire its round (`AckArrivals`, read by `agent.timers`).
+
 Only the experiment's actuator's acks reach this module (`agent.identity` refuses the others).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent import telemetry
@@ -21,10 +29,50 @@ from connectors.schemas import Ack
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["BUSY", "BUSY_RETRY_S", "on_ack", "overspent"]
+__all__ = ["BUSY", "BUSY_RETRY_S", "AckArrivals", "on_ack", "overspent"]
 
 BUSY = "busy"  # an ack reason from a device with too many actions in flight: retry later
 BUSY_RETRY_S = 1.0
+
+
+class AckArrivals:
+    """Acks received and not yet handled: round -> when each arrived (monotonic ticks, in
+    arrival order).
+
+    The runtime notes an ack when its MQTT reader routes it to the experiment's inbox
+    (`arrived`, on the event loop) and forgets it once the experiment has handled it (`handled`,
+    in the driver's worker call); `agent.timers` asks, before it expires a round, whether an ack
+    of it arrived before the round's expiry (`arrived_before`, in a worker thread). One lock
+    makes each a single step: an ack stamped after `due` read its clock is stamped no earlier
+    than that, so a round whose expiry `due` saw passed is held only for an ack received in time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, deque[float]] = {}
+
+    def arrived(self, round_: int, ticks: Callable[[], float]) -> None:
+        with self._lock:
+            self._waiting.setdefault(round_, deque()).append(ticks())
+
+    def handled(self, round_: int) -> None:
+        """One ack of the round (the earliest waiting: the inbox keeps arrival order) is done."""
+        with self._lock:
+            waiting = self._waiting.get(round_)
+            if waiting:
+                waiting.popleft()
+                if not waiting:
+                    del self._waiting[round_]
+
+    def arrived_before(self, round_: int, deadline: float) -> bool:
+        """Whether an ack of the round waiting to be handled was received before `deadline`."""
+        with self._lock:
+            waiting = self._waiting.get(round_)
+            return bool(waiting) and waiting[0] < deadline
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(waiting) for waiting in self._waiting.values())
 
 
 def on_ack(exp: Experiment, ack: Ack) -> Verdict:

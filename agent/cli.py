@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent.logs import configure_logging
-from sim.errors import EnvironmentUnavailable
+from sim.errors import EnvironmentUnavailable, StatesNotRecorded
 
 Handler = Callable[[argparse.Namespace], int]
 COMMANDS_GROUP = "cbo_agent.commands"
@@ -245,6 +245,7 @@ def _sim(args: argparse.Namespace) -> int:
             topic_prefix=args.prefix,
             max_in_flight=args.max_in_flight,
             key=key,
+            send_states=args.send_states,
         )
     except ValidationError as error:
         return _refuse("sim", plain_problems(error, DeviceSettings))
@@ -589,6 +590,13 @@ def _add_sim(commands: argparse._SubParsersAction) -> None:
         "agent's device_keys must hold it for this device id",
     )
     sim.add_argument("--max-in-flight", type=int, default=64, help="actions handled at once")
+    sim.add_argument(
+        "--send-states",
+        action="store_true",
+        help="send the states each episode's controller visited with the return (cbo.reading "
+        "version 4), for hagpucb's visited_states; episode environments only (mpe-tag*, "
+        "mamujoco-*)",
+    )
     sim.set_defaults(handler=_sim)
 
 
@@ -651,6 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except EnvironmentUnavailable as missing:  # an optional extra this install lacks
         return _refuse(args.command, [str(missing)])
+    except StatesNotRecorded as mistake:  # `sim --send-states`, an environment without states
+        return _refuse(args.command, [str(mistake)])
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ class Experiment:
         self.rng = torch.Generator().manual_seed(seed)
         self.rounds: dict[int, LiveRound] = {}
         self.open = OpenRounds(spec.schedule)  # the rounds not closed yet, and their timers
+        self.acks_in = acks.AckArrivals()  # received, not yet handled: no expiry for their rounds
         self.regret = RegretTracker(spec)
         self.finished_reason: str | None = None
         self.last_publish_at: float | None = None  # ticks: the rate limit counts from here

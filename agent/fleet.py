@@ -77,6 +77,7 @@ from connectors.store import FencedError, Lease, NotRunning, Store, StoreError
 from connectors.topics import TopicError
 from core.errors import SpecError
 from core.spec import parse_spec
+from policies.registry import policy_classes
 
 log = structlog.get_logger(__name__)
 _T = TypeVar("_T")
@@ -171,6 +172,7 @@ class FleetService(AgentService):
         self._shared: Store | None = None
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._load_s: dict[str, float] = {}
+        self._acquired_at: dict[str, float] = {}  # unix time each lease was granted (a log field)
         # Renewals and claims have a thread each, not the shared pool where the experiments'
         # store work and proposals queue: a busy replica must still renew on time.
         self._renewals = ThreadPoolExecutor(1, thread_name_prefix="renewals")
@@ -192,6 +194,10 @@ class FleetService(AgentService):
         self.metrics_server = server
         if self.background_refits:
             self._fit_worker.warm()  # its imports take seconds: not at the first refit
+        # Every policy module, imported before anything is claimed: the first experiment a
+        # replica takes (in a failover, a takeover) would otherwise wait for these imports,
+        # seconds on a loaded machine, inside the failover time.
+        await asyncio.to_thread(policy_classes)
         log.info(
             "fleet.started",
             agent_id=self.owner,
@@ -336,6 +342,8 @@ class FleetService(AgentService):
                 await self._adopt(lease, built, sent)
                 continue
             log.error("fleet.experiment_unloadable", experiment=lease.experiment, error=built)
+            self._load_s.pop(lease.experiment, None)
+            self._acquired_at.pop(lease.experiment, None)
             self._quarantine[lease.experiment] = time.monotonic() + QUARANTINE_S
             with contextlib.suppress(StoreError):
                 await asyncio.to_thread(
@@ -362,6 +370,7 @@ class FleetService(AgentService):
             lease = store.acquire_lease(name, self.owner, self.settings.lease_ttl_s)
             if lease is None:
                 continue  # another replica was faster
+            self._acquired_at[name] = time.time()
             built = self._build(store, lease)
             self._load_s[name] = time.monotonic() - sent
             if isinstance(built, Experiment) and time.monotonic() - sent > self.settings.period_s:
@@ -464,6 +473,7 @@ class FleetService(AgentService):
             epoch=lease.epoch,
             state=lease.state,
             load_s=round(mine.load_s, 3),  # acquiring and rebuilding it
+            acquired_at=self._acquired_at.pop(name, None),  # the lease granted, before both
         )
         if self.held.get(name) is not mine:
             return  # dropped while subscribing: `_drop` has cleaned up

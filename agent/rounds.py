@@ -4,7 +4,7 @@ Round lifecycle:
 
     proposed --publish--> published --ack applied--> acked --all readings / timeout--> closed
                               |  \\--ack rejected--> rejected (budget released)
-                              \\--no ack by expires_at--> expired (budget released)
+                              \\--no ack received by expires_at--> expired (budget released)
 """
 
 from __future__ import annotations

@@ -431,6 +431,10 @@ class AgentService:
             self._reject(parsed.experiment, parsed.kind, message, "flood", detail)
             return
         self._inbox_bytes[parsed.experiment] += size
+        if isinstance(decoded, Ack):
+            # received now: its round cannot expire while it waits in the inbox (`agent.acks`)
+            exp = self.experiments[parsed.experiment]
+            exp.acks_in.arrived(decoded.round, exp.ticks)
 
     def _within_rate(
         self, parsed: ParsedTopic, decoded: Reading | Ack | Oracle, message: IncomingMessage
@@ -782,6 +786,7 @@ def _apply(exp: Experiment, batch: list[_Incoming]) -> _Applied:
             readings.append((decoded, item))
         elif isinstance(decoded, Ack):
             verdicts.append(("ack", item, exp.on_ack(decoded)))
+            exp.acks_in.handled(decoded.round)
         elif isinstance(decoded, Oracle):
             verdicts.append(("oracle", item, exp.on_oracle(decoded)))
     if readings:

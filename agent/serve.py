@@ -101,11 +101,17 @@ def run_service(specs: Sequence[ExperimentSpec], config: AgentConfig) -> int:
 def run_simulator(env: str, broker: BrokerConfig, settings: Any, env_seed: int) -> int:
     """Run one environment as an MQTT device until stopped."""
     from sim.device import SimulatorDevice
+    from sim.errors import StatesNotRecorded
     from sim.registry import make_environment
 
-    # Before the fault handler: an environment whose optional extra is missing is the user's to
-    # fix, one line and exit 2 (agent.cli), not an `agent.fatal` internal error.
+    # Before the fault handler: an environment whose optional extra is missing, or
+    # `--send-states` for one that records no states, is the user's to fix, one line and exit
+    # 2 (agent.cli), not an `agent.fatal` internal error.
     environment = make_environment(env, env_seed)
+    if getattr(settings, "send_states", False) and not getattr(
+        environment, "records_states", False
+    ):
+        raise StatesNotRecorded(env)
     try:
         tls_context(broker)
         device = SimulatorDevice(environment, broker, settings)

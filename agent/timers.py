@@ -119,10 +119,16 @@ def due(exp: Experiment, now: float) -> list[Action]:
 
 def _unacknowledged(exp: Experiment, live: LiveRound, now: float) -> Action | None:
     """A published round still without its ack: expire it, or the action to publish again now
-    (None: not yet). Until it expires, the action goes out again now and then."""
+    (None: not yet). Until it expires, the action goes out again now and then. A round expires
+    when no ack of it was *received* by its expiry (`acks.AckArrivals`): one that arrived in
+    time and waits to be handled holds it open."""
     schedule = exp.spec.schedule
     expires_at = live.expires_tick
     if expires_at is not None and now >= expires_at:
+        if exp.acks_in.arrived_before(live.number, expires_at):
+            # its ack was received in time and waits in the inbox behind the experiment's
+            # own work: the driver handles it next (this timer keeps it from sleeping)
+            return None
         exp.end_round(live, RoundStatus.EXPIRED, now, "no ack by expires_at")
         return None
     retry = live.retry_at is not None and now >= live.retry_at

@@ -111,9 +111,11 @@ class Audit:
 
 @dataclass(frozen=True)
 class Takeover:
-    """One experiment of a killed replica, held again: by whom, how long after the kill, how
-    long the victim's lease still ran then, and how much of the time the new owner spent
-    acquiring and rebuilding it (its `load_s`)."""
+    """One experiment of a killed replica, held again: by whom, how long after the kill
+    (`seconds`: its ``fleet.taken``, rebuilt, subscribed and about to be driven), how long the
+    victim's lease still ran then, when the new owner's lease was granted (`acquired_s` after
+    the kill; None if the replica did not say) and how long it spent acquiring and rebuilding
+    it (its `load_s`)."""
 
     experiment: str
     victim: str
@@ -121,6 +123,7 @@ class Takeover:
     seconds: float
     lease_left_s: float
     load_s: float
+    acquired_s: float | None = None
 
 
 class FleetRig:
@@ -293,16 +296,21 @@ class FleetRig:
 
     def failover(self, victim: str, timeout_s: float) -> list[float]:
         """kill -9 `victim`; seconds until each experiment it held was taken over — rebuilt,
-        subscribed and driven — by another replica (its ``fleet.taken`` event)."""
-        held = {name for name, owner in self.owners().items() if owner == victim}
+        subscribed and driven — by another replica (its ``fleet.taken`` event).
+
+        What it held is read from the store *after* the kill, when the victim can change
+        nothing more: an experiment it finished (stopped in the store) just before dying is
+        not waited for — no replica takes a stopped experiment — and one it still owned is,
+        its lease live or not."""
         self.replicas[victim].kill()
         killed_at = time.time()
         # when each of its leases runs out (the database's clock; the same machine's)
         expires = {
             r.name: r.lease_expires_at or killed_at
             for r in self.store.experiments()
-            if r.name in held and r.owner == victim
+            if r.owner == victim and r.state != "stopped"
         }
+        held = set(expires)
         took: dict[str, float] = {}
         deadline = time.monotonic() + timeout_s
         while len(took) < len(held) and time.monotonic() < deadline:
@@ -321,6 +329,11 @@ class FleetRig:
                                 seconds=at - killed_at,
                                 lease_left_s=expires.get(experiment, killed_at) - killed_at,
                                 load_s=float(event.get("load_s", 0.0)),
+                                acquired_s=(
+                                    None
+                                    if event.get("acquired_at") is None
+                                    else float(event["acquired_at"]) - killed_at
+                                ),
                             )
                         )
             time.sleep(0.05)

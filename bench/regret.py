@@ -37,7 +37,11 @@ Outputs in DIR:
         [{intervention, cost, reward, expected_reward, spent, violations?}],
         initial_design_source (paper | random explorer), initial_design_seconds, history
         [{round, intervention, target_set, cost, spent, reward, expected_reward, regret,
-        acquisition_value, decision_seconds, update_seconds, diagnostics, violations?}],
+        acquisition_value, decision_seconds, update_seconds, diagnostics, violations?,
+        visited_states?}] (visited_states: how many states the round's episode handed to a
+        policy that takes them, `hagpucb` with `controller` and `visited_states`, as the
+        service's devices send them with `--send-states`; the initial design's too; an
+        environment that does not record them is refused for such a policy),
         metrics {rounds_completed, average_reward, best_reward, cumulative_regret,
         seconds_per_round, decision_seconds, update_seconds}, wall_seconds, finished_at; and
         structure {precision, recall, f1, edges_found, edges_true} where the environment knows
@@ -155,7 +159,7 @@ def plan(
         spec_path = _checked_spec(env)
         cap = rounds if rounds is not None else default_rounds(load_spec(spec_path))
         for policy in policies:
-            chosen = _settings_for(policy, spec_path, settings)
+            chosen = _settings_for(policy, env, spec_path, settings)
             configs += [
                 RunConfig(env, policy, seed, cap, chosen, str(spec_path), device)
                 for seed in range(seeds)
@@ -210,17 +214,26 @@ def _checked_spec(env: str) -> Path:
     return path
 
 
-def _settings_for(policy: str, spec_path: Path, settings: Sequence[Setting]) -> dict[str, Any]:
+def _settings_for(
+    policy: str, env: str, spec_path: Path, settings: Sequence[Setting]
+) -> dict[str, Any]:
     """The spec's settings if `policy` is the spec's own, then every matching override."""
     spec = load_spec(spec_path)
     chosen = dict(spec.policy.settings) if spec.policy.name == policy else {}
     chosen.update({key: value for scope, key, value in settings if scope in (None, policy)})
     try:
-        make_policy(policy, spec, chosen)
+        made = make_policy(policy, spec, chosen)
     except ValueError as error:
         unscoped = any(scope is None for scope, _, _ in settings)
         hint = " (a --setting without POLICY: applies to every policy)" if unscoped else ""
         raise BadArguments(f"{spec_path.stem}: {error}{hint}") from None
+    recorder = make_environment(env, 0)
+    if made.states_shape() is not None and not getattr(recorder, "records_states", False):
+        # the service would wait in phase 0 to the end: its devices send no states
+        raise BadArguments(
+            f"{env}: {policy} waits for visited_states, and {env} does not record the states "
+            "its episodes visit"
+        )
     return chosen
 
 

@@ -21,6 +21,7 @@ import torch
 from connectors.arrays import ArrayPayload
 from connectors.schemas import DEADLETTER_TEXT_LIMIT, Ack, Action, Oracle, Reading
 from sim.base import Environment
+from sim.errors import StatesNotRecorded
 
 _FLOAT64_ELEMENTS = 4_096  # 32 kB of float64, 43.7 kB as base64: under the 64 KiB limit
 
@@ -110,7 +111,7 @@ class Actuator:
         send_states: bool = False,
     ) -> None:
         if send_states and not getattr(env, "records_states", False):
-            raise ValueError(f"{env.name}: does not record the states its episodes visit")
+            raise StatesNotRecorded(env.name)
         if send_states:
             env.record_states = True  # type: ignore[attr-defined]
         self.env = env

@@ -22,9 +22,10 @@ class EpisodeEnvironment(Environment):
     dim: int
     oracle_episodes: int
     reference_return: float
-    # Visited states (issue 13): a device that sends them (`DeviceSettings.send_states`) sets
-    # `record_states`; an environment that supports it keeps its last episode's observations
-    # (T, agents, obs) in `last_states` (`keep_states`).
+    # Visited states (issue 13): a device that sends them (`DeviceSettings.send_states`), or
+    # `bench regret` for a policy that takes them, sets `record_states`; an environment that
+    # supports it keeps its last episode's observations (T, agents, obs) in `last_states`
+    # (`keep_states`).
     record_states: bool = False
     last_states: np.ndarray | None = None
     records_states: bool = False  # whether `episode` fills `last_states` when asked

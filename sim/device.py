@@ -104,8 +104,9 @@ class DeviceSettings(BaseModel):
             (`connectors.signing`), and it takes only actions signed with the key (others
             are dead-lettered as "unsigned" or "bad_signature"); None: unsigned.
         send_states: send the states an episode visited with the reward's reading (protocol
-            `cbo.reading` version 4, for `hagpucb`'s `visited_states`); environments that
-            record them only (MaMuJoCo's Swimmer).
+            `cbo.reading` version 4, for `hagpucb`'s `visited_states`; `cbo-agent sim NAME
+            --send-states`); environments that record them only (`records_states`: MPE
+            predator–prey, every variant, and MaMuJoCo's Swimmer and Ant).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -3,7 +3,7 @@ them without importing the simulators."""
 
 from __future__ import annotations
 
-__all__ = ["EnvironmentUnavailable"]
+__all__ = ["EnvironmentUnavailable", "StatesNotRecorded"]
 
 
 class EnvironmentUnavailable(RuntimeError):
@@ -18,4 +18,16 @@ class EnvironmentUnavailable(RuntimeError):
         super().__init__(
             f"environment {environment!r} needs {package} (not installed): "
             f"pip install 'cbo-agent[{extra}]' (the service image leaves this extra out)"
+        )
+
+
+class StatesNotRecorded(ValueError):
+    """`--send-states` (`DeviceSettings.send_states`) for an environment whose episodes do not
+    record the states they visit; the command line prints it as one line and exits 2."""
+
+    def __init__(self, environment: str) -> None:
+        self.environment = environment
+        super().__init__(
+            f"--send-states: environment {environment!r} does not record the states its "
+            "episodes visit (the episode environments do: mpe-tag*, mamujoco-*)"
         )

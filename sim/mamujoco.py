@@ -37,6 +37,7 @@ __all__ = [
     "parallel_env",
     "parameter_count",
     "play",
+    "play_kept",
 ]
 
 AGENTS = 2
@@ -88,17 +89,9 @@ class MaMuJoCoSwimmer(EpisodeEnvironment):
 
     def episode(self, theta: np.ndarray, seed: int) -> float:
         """The return of one episode with θ, reset with `seed`."""
-        if not self.record_states:
-            return play(self._env, lambda obs: linear_actions(theta, obs)[:, None], seed, STEPS)
-        visited: list[np.ndarray] = []
-
-        def recording(obs: np.ndarray) -> np.ndarray:
-            visited.append(np.array(obs, dtype=np.float64))
-            return linear_actions(theta, obs)[:, None]
-
-        total = play(self._env, recording, seed, STEPS)
-        self.keep_states(visited)
-        return total
+        return play_kept(
+            self, self._env, lambda obs: linear_actions(theta, obs)[:, None], seed, STEPS
+        )
 
 
 def parallel_env(name: str, scenario: str, agent_conf: str, **options):
@@ -112,6 +105,28 @@ def parallel_env(name: str, scenario: str, agent_conf: str, **options):
                 name, "gymnasium-robotics and mujoco", "mamujoco"
             ) from missing
     return mamujoco_v1.parallel_env(scenario, agent_conf, **options)
+
+
+def play_kept(
+    environment: EpisodeEnvironment,
+    env,
+    controller: Callable[[np.ndarray], np.ndarray],
+    seed: int,
+    steps: int,
+) -> float:
+    """`play` on `env`, the environment's MaMuJoCo env; where the environment records states
+    (`record_states`), the observations the controller saw become its `last_states`."""
+    if not environment.record_states:
+        return play(env, controller, seed, steps)
+    visited: list[np.ndarray] = []
+
+    def recording(obs: np.ndarray) -> np.ndarray:
+        visited.append(np.array(obs, dtype=np.float64))
+        return controller(obs)
+
+    total = play(env, recording, seed, steps)
+    environment.keep_states(visited)
+    return total
 
 
 def play(env, controller: Callable[[np.ndarray], np.ndarray], seed: int, steps: int) -> float:

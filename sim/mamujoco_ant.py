@@ -18,7 +18,9 @@ of at most `STEPS` = 1,000 steps (MaMuJoCo's and Ant-v5's length; one episode ta
 second on 2 busy cores, measured), reset with a seed drawn from the device's noise stream. The
 oracle's E[y | θ] is the mean return over `ORACLE_EPISODES` fixed seeds. The "optimum" is a
 reference, not a known maximum: Gymnasium's `reward_threshold` for Ant-v5, 6,000, so the regret
-is a gap to it and the best return is the comparison paper 000 makes.
+is a gap to it and the best return is the comparison paper 000 makes. Where asked
+(`record_states`), an episode keeps the agents' observations it fed the controller, [T, 2, 19]
+thinned evenly to at most 215 states (8,192 values, one reading), as the Swimmer does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from sim._episodes import EpisodeEnvironment
 from sim.base import ActionInfo, NodeInfo
-from sim.mamujoco import parallel_env, play
+from sim.mamujoco import parallel_env, play_kept
 
 __all__ = ["AGENTS", "JOINTS", "OBS", "MaMuJoCoAnt", "blocks", "linear_actions", "parameter_count"]
 
@@ -69,6 +71,7 @@ class MaMuJoCoAnt(EpisodeEnvironment):
 
     oracle_episodes = ORACLE_EPISODES
     reference_return = REFERENCE
+    records_states = True
 
     def __init__(self) -> None:
         self.dim = parameter_count()
@@ -94,4 +97,4 @@ class MaMuJoCoAnt(EpisodeEnvironment):
 
     def episode(self, theta: np.ndarray, seed: int) -> float:
         """The return of one episode with θ, reset with `seed` (ends early if the Ant falls)."""
-        return play(self._env, lambda obs: linear_actions(theta, obs), seed, STEPS)
+        return play_kept(self, self._env, lambda obs: linear_actions(theta, obs), seed, STEPS)

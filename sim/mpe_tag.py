@@ -25,6 +25,10 @@ the Hungarian algorithm, message passing over the role-interaction graph) and it
 `hom-no-ra` (no role assignment, 363) and `hom-no-ri` (no role interaction, 164). The HOM's
 hidden state h ∈ (−1, 1)^5 becomes MPE's action (1 + h) / 2. Environments `mpe-tag-hom`,
 `mpe-tag-hom-no-ra`, `mpe-tag-hom-no-ri` and `mpe-tag-het-hom`.
+
+Every variant records the states its controller visits where asked (`record_states`: `cbo-agent
+sim NAME --send-states`, or `bench regret` for `hagpucb`'s `visited_states`): the three
+predators' observations of each step, [25, 3, 16] per episode.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ class MPETag(EpisodeEnvironment):
 
     oracle_episodes = ORACLE_EPISODES
     reference_return = BOUND
+    records_states = True
 
     def __init__(self, heterogeneous: bool = False, controller: str = "mlp") -> None:
         name = ("mpe-tag-het" if heterogeneous else "mpe-tag") + (
@@ -148,15 +153,20 @@ class MPETag(EpisodeEnvironment):
                 agent.max_speed, agent.accel = speed, accel
         total = 0.0
         predators = [f"adversary_{i}" for i in range(3)]
+        visited: list[np.ndarray] = []
         for _ in range(STEPS):
             if not self._env.agents:
                 break
             obs = np.stack([observations[a] for a in predators])
+            if self.record_states:
+                visited.append(obs.astype(np.float64))
             moves = self._predator_actions(theta, obs).astype(np.float32)
             actions = {a: moves[i] for i, a in enumerate(predators)}
             actions["agent_0"] = _prey_action(observations["agent_0"])
             observations, rewards, _, _, _ = self._env.step(actions)
             total += float(rewards["adversary_0"])
+        if self.record_states:
+            self.keep_states(visited)
         return total
 
     def _predator_actions(self, theta: np.ndarray, obs: np.ndarray) -> np.ndarray:

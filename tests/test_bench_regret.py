@@ -427,3 +427,44 @@ def test_the_command_line_runs_end_to_end_with_two_workers(tiny, tmp_path):
         for ours, theirs in zip(pooled["history"], alone["history"][:2], strict=True):
             assert ours["intervention"] == theirs["intervention"]
             assert ours["reward"] == pytest.approx(theirs["reward"])
+
+
+def test_hagpucb_gets_the_visited_states_in_process_as_through_the_service(tmp_path):
+    """`visited_states` in the benchmark (issue 13): every episode's states, the initial
+    design's included, reach hagpucb as a device with `--send-states` sends them (float32 on
+    the wire); phase 0 waits for them, and phase 1 learns the structure that a policy handed
+    the same episodes' states learns."""
+    import torch
+
+    from policies.registry import make_policy
+
+    settings = {"controller": "mpe-tag", "visited_states": 75, "max_edges": 40}
+    settings |= {"candidates": 16, "sweeps": 1}
+    scoped = [("hagpucb", key, value) for key, value in settings.items()]
+    [config] = regret.plan(["mpe-tag"], ["hagpucb"], 1, 3, scoped)
+    run = episode.play(config)
+    assert run["status"] == "ok", run["traceback"]
+    design, history = run["initial_design"], run["history"]
+    assert [r["visited_states"] for r in [*design, *history]] == [25] * 5
+    assert history[0]["diagnostics"] == {"phase": 0, "visited_states": 50, "waiting_for": 75}
+    learned = history[1]["diagnostics"]
+    assert learned["phase"] == 2 and learned["states_from"] == "visited"
+    assert 0 < len(learned["edges"]) <= 40
+
+    # the same episodes replayed (their seeds drawn from the run's noise stream, one per step)
+    # with the states recorded, sent through the wire's float32, to a fresh policy
+    env = make_environment("mpe-tag", 0)
+    assert not env.record_states  # the run left the cached environment as it found it
+    noise = torch.Generator().manual_seed(episode.seed_streams(0)[0])
+    policy = make_policy("hagpucb", load_spec(config.spec), config.settings)
+    env.record_states = True
+    try:
+        for record in [*design, history[0]]:
+            theta = env._theta(record["intervention"])
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=noise))
+            assert env.episode(theta, seed) == record["reward"]  # the very episode
+            policy.observe_states(0, env.last_states.astype(np.float32))
+    finally:
+        env.record_states, env.last_states = False, None
+    policy._learn_surrogate_structure()
+    assert sorted(map(tuple, learned["edges"])) == sorted(policy.structure.edges)

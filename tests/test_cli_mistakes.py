@@ -143,6 +143,14 @@ def test_run_overrides_reach_the_spec_validated_like_the_spec(tmp_path):
         (["dropwave", "--broker", "http://h"], "--broker 'http://h': http:// is not a broker"),
         (["dropwave", "--broker", "h:99999"], "port '99999' is not a number from 1 to 65535"),
         (["dropwave", "--delay", "-1"], "delay_s: must be at least 0"),
+        (
+            ["toygraph", "--send-states"],
+            "--send-states: environment 'toygraph' does not record the states its episodes",
+        ),
+        (
+            ["additive-er-20", "--send-states"],
+            "--send-states: environment 'additive-er-20' does not record the states",
+        ),
     ],
 )
 def test_sim_names_each_mistake_in_one_line(capsys, argv, message):

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import csv
 import importlib.util
+import json
 import math
 import pickle
 import re
@@ -1126,7 +1127,11 @@ def filled(store: Store) -> Store:
             store.add_reading(EXP, r, "Y", r + seq / 3, r * 2 + seq, "s", r + 0.5)
     store.settle(EXP, 0, 1.0)
     store.add_oracle(EXP, 0, f"{EXP}-a0", 0.1, 0.7, 1.0)
+    store.add_states(EXP, 1, "s", VISITED, 1.75)  # a device's trace (T, agents, obs)
     return store
+
+
+VISITED = np.arange(12, dtype=np.float64).reshape(3, 2, 2) / 7
 
 
 def test_export_writes_csv_with_headers_and_every_row(store: Store, tmp_path: Path) -> None:
@@ -1136,7 +1141,14 @@ def test_export_writes_csv_with_headers_and_every_row(store: Store, tmp_path: Pa
     for table, path in zip(EXPORT_TABLES, paths, strict=True):
         with path.open(newline="") as handle:
             tables[table] = list(csv.DictReader(handle))
-    assert [len(tables[t]) for t in EXPORT_TABLES] == [3, 6, 1, 3]
+    assert [len(tables[t]) for t in EXPORT_TABLES] == [3, 6, 1, 3, 1]
+    (trace,) = tables["visited_states"]
+    assert list(trace) == [
+        "id", "experiment", "round", "device_id", "received_at", "dtype", "shape", "states",
+    ]  # fmt: skip
+    assert (trace["round"], trace["device_id"], trace["dtype"]) == ("1", "s", "float64")
+    shape = json.loads(trace["shape"])
+    assert np.array_equal(np.array(json.loads(trace["states"])).reshape(shape), VISITED)
     assert list(tables["readings"][0]) == [
         "id", "experiment", "round", "node", "value", "seq", "device_id", "measured_at",
         "received_at", "array_dtype", "array_shape", "array",
@@ -1161,7 +1173,9 @@ def test_export_parquet_or_a_clear_error_without_pyarrow(store: Store, tmp_path:
     import pyarrow.parquet as pq
 
     paths = store.export(EXP, tmp_path / "pq", "parquet")
-    assert [pq.read_table(p).num_rows for p in paths] == [3, 6, 1, 3]
+    assert [pq.read_table(p).num_rows for p in paths] == [3, 6, 1, 3, 1]
+    states = pq.read_table(paths[EXPORT_TABLES.index("visited_states")]).to_pylist()[0]
+    assert np.array_equal(np.reshape(states["states"], json.loads(states["shape"])), VISITED)
 
 
 # ---- property: the ledger against a model ---------------------------------------------------

@@ -4,8 +4,10 @@ store `run` uses."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq  # the parquet extra, part of the test extra: Parquet is shipped
 import pytest
 
@@ -42,7 +44,13 @@ def filled_store(path: Path | str) -> Path | str:
                 at=123.25,
             )
             exp.on_oracle(oracle)
+        # two devices' traces of visited states, float32 and float64 (protocol version 4)
+        store.add_states(EXPERIMENT, 1, "dev", STATES.astype(np.float32), 124.5)
+        store.add_states(EXPERIMENT, 2, "dev", STATES, 125.5)
     return path
+
+
+STATES = np.linspace(-1.0, 1.0, 24).reshape(4, 2, 3)
 
 
 def export(capsys, *args: str) -> list[Path]:
@@ -58,7 +66,9 @@ def csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def as_csv_text(value: object) -> str:
-    """How the CSV writer renders a value: None empty, floats by repr."""
+    """How the CSV writer renders a value: None empty, floats by repr, a list as JSON."""
+    if isinstance(value, list):
+        return "[" + ",".join(repr(float(v)) for v in value) + "]"
     return "" if value is None else str(value)
 
 
@@ -80,6 +90,13 @@ def test_parquet_export_reads_back_equal_to_the_csv_export(store_target, tmp_pat
         assert read_back == rows, parquet_path.name
         sizes[parquet_path.stem.removeprefix(f"{EXPERIMENT}_")] = len(rows)
     assert sizes["readings"] == 9 and sizes["rounds"] == 3 and sizes["oracle"] == 3
+    assert sizes["visited_states"] == 2
+    traces = pq.read_table(next(p for p in parquet_paths if p.stem.endswith("_visited_states")))
+    assert str(traces.schema.field("states").type) == "list<element: double>"
+    for row, dtype in zip(traces.to_pylist(), ("float32", "float64"), strict=True):
+        assert row["dtype"] == dtype and json.loads(row["shape"]) == [4, 2, 3]
+        expected = STATES.astype(dtype).astype(np.float64).ravel().tolist()
+        assert row["states"] == expected  # the stored values, bit for bit
     # typed columns, not strings: a reading's value is a float64 equal to what was stored
     readings = pq.read_table(next(p for p in parquet_paths if p.stem.endswith("_readings")))
     assert str(readings.schema.field("value").type) == "double"

@@ -7,10 +7,11 @@ reading stored, no budget overspent, epochs applied in order.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from agent.cli import main
 from agent.control import submit
 from bench.fleet import FleetRig
 from bench.harness.procs import JsonLog, wait_until
+from connectors.store import StoreError
 from core.spec import parse_spec
 from tests.brokers import find_mosquitto
 from tests.stores import postgres_unavailable, scratch_database
@@ -42,29 +44,52 @@ def pg_url() -> Iterator[str]:
 
 def _failover(rig: FleetRig, kills: int, seed: int) -> list[float]:
     """Kill -9 a random replica `kills` times at random moments (restarting it under the same
-    id after its experiments moved); seconds until each of its experiments was held again."""
+    id after its experiments moved); seconds until each of its experiments was held again.
+
+    The victim is drawn among the replicas holding an experiment at that moment: a replica
+    restarted after an earlier kill holds nothing until the others let go of something, and
+    killing it would test no failover. Between kills the experiments are paused while the
+    victim restarts (30 s at load 15: longer than they run), so the next kill still finds
+    rounds in flight; they run again a heartbeat before it."""
     rng = random.Random(seed)
     took: list[float] = []
-    for _ in range(kills):
+    for kill in range(kills):
+        if kill:
+            _set_states(rig, rig.store.resume)
+            time.sleep(TTL_S / 3)  # a heartbeat: every owner has seen it (`FleetSettings`)
         time.sleep(rng.uniform(0.5, 2.5))
-        victim = rng.choice(sorted(rig.replicas))
+        holders = sorted({owner for owner in rig.owners().values() if owner is not None})
+        victim = rng.choice(holders or sorted(rig.replicas))
         took += rig.failover(victim, TTL_S + 15)
+        if kill < kills - 1:
+            _set_states(rig, rig.store.pause)
         rig.start_replica(victim)
     return took
 
 
-def _check(rig: FleetRig, took: list[float]) -> None:
+def _set_states(rig: FleetRig, verb: Callable[[str], bool]) -> None:
+    """Pause or resume every experiment not stopped (finished) yet."""
+    for name in rig.names:
+        with contextlib.suppress(StoreError):
+            verb(name)
+
+
+def _check(rig: FleetRig, took: list[float], *, wall_bound: bool = True) -> None:
     audit = rig.audit()
     assert audit.problems == []
     assert 0 < audit.rounds <= len(rig.names) * rig.rounds  # a round limit, or the budget
     assert audit.readings_published == audit.readings_stored > 0
     assert took, "the victim held no experiment"
     assert math.inf not in took, f"not every experiment was taken over: {sorted(took)}"
-    _check_failover_times(rig)
+    _check_failover_times(rig, wall_bound)
 
 
-def _check_failover_times(rig: FleetRig) -> None:
-    """Each takeover came within what the settings allow, in two parts.
+def _check_failover_times(rig: FleetRig, wall_bound: bool) -> None:
+    """Every experiment of a killed replica resumed on another within TTL + 5 s of the kill
+    (issue 18): from the kill (the test's clock once the victim is reaped) to the new owner's
+    ``fleet.taken`` (rebuilt from the store, subscribed, about to re-ask the device). And each
+    takeover came within what the settings allow, in two parts, which say what was slow when
+    the wall bound fails.
 
     The lease: the victim renewed it at most a heartbeat before the kill, so it ran out at most
     a TTL after (the store's clock, read just after the kill). The claim: once the lease ran
@@ -75,10 +100,14 @@ def _check_failover_times(rig: FleetRig) -> None:
     experiment cold), plus two heartbeats of slack for subscribing and for an event loop
     behind on a loaded machine.
 
-    A wall bound from the kill (TTL + 5 s) failed now and then on a loaded 2-core machine where
-    rebuilding was slow; these grow with the rebuilding the replicas measured and still fail
-    when a lease outlives its TTL or a takeover waits for anything else (stalled claims, a
-    heartbeat skipped).
+    The wall bound failed now and then on a loaded 2-core machine where rebuilding was slow:
+    the first experiment a replica took imported every policy module (cma, matplotlib: 2.5 s
+    at load 6, more under heavier load) inside the takeover. A replica imports them before it
+    starts (`fleet.started`), and the wall bound is checked again — where one replica takes
+    over a few experiments. Where it takes over ten, rebuilding them one after another (each
+    replays its history: 0.2–2.2 s each at load 18–20, nice 19) took up to 8.8 s with this
+    TTL of 3 s: the slow test checks the per-part bounds only (`wall_bound=False`), and
+    docs/benchmarks.md says so.
     """
     heartbeat = TTL_S / 3  # `FleetSettings.period_s`: the rig sets no heartbeat
     loaded: dict[str, float] = {}  # victim -> rebuilding of its experiments so far
@@ -90,11 +119,13 @@ def _check_failover_times(rig: FleetRig) -> None:
         what = (
             f"{takeover.experiment} taken by {takeover.owner} {takeover.seconds:.2f} s after "
             f"{takeover.victim} was killed, its lease running {takeover.lease_left_s:.2f} s "
-            f"more (TTL {TTL_S} s, heartbeat {heartbeat:.2f} s, rebuilding {rebuilt:.2f} s); "
-            f"all: {rig.takeovers}"
+            f"more, granted {takeover.acquired_s} s after the kill (TTL {TTL_S} s, heartbeat "
+            f"{heartbeat:.2f} s, rebuilding {rebuilt:.2f} s); all: {rig.takeovers}"
         )
         assert takeover.lease_left_s <= TTL_S + 0.1, what
         assert claim_s <= allowed, f"claimed {claim_s:.2f} s after the lease ran out: {what}"
+        if wall_bound:
+            assert takeover.seconds <= TTL_S + 5.0, f"not resumed within TTL + 5 s: {what}"
 
 
 def test_failover_three_replicas_no_reading_lost_nothing_twice(pg_url: str, tmp_path: Path) -> None:
@@ -123,7 +154,7 @@ def test_failover_thirty_experiments_killed_three_times(pg_url: str, tmp_path: P
         rig.wait_owned(120)
         took = _failover(rig, kills=3, seed=7)
         rig.wait_all_finished(300)
-        _check(rig, took)
+        _check(rig, took, wall_bound=False)  # ten takeovers each: see `_check_failover_times`
 
 
 @pytest.mark.slow  # about 50 s: three processes importing torch, a TTL waited out

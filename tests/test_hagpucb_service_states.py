@@ -1,16 +1,23 @@
 """Visited states through the service (issue 13): MaMuJoCo's Swimmer device sends the states
 its controller visited with each episode's return (cbo.reading version 4) on a real Mosquitto;
 `hagpucb` with a controller and `visited_states` plays phase 0 until they have arrived, then
-reads the structure off its surrogate Hessian at those states. A restart replays them."""
+reads the structure off its surrogate Hessian at those states. A restart replays them. The
+command line's device (`cbo-agent sim mpe-tag --send-states`) sends MPE's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.runtime import AgentService
+from bench.harness.procs import child_environment, cli
 from connectors.mqtt import BrokerConfig
 from connectors.store import Store
 from core.spec import parse_spec
@@ -23,17 +30,17 @@ WAIT_S = 240.0
 VISITED = 1000
 
 
-def _spec(rounds: int):
+def _spec(rounds: int, env: str = "mamujoco-swimmer", name: str = "swim", visited=VISITED):
     from core.spec import load_spec
     from tests.test_surrogate_hessian import EXAMPLES
 
-    data = load_spec(EXAMPLES / "mamujoco-swimmer.yaml").model_dump(mode="json", exclude_none=True)
-    data["name"] = "swim"
+    data = load_spec(EXAMPLES / f"{env}.yaml").model_dump(mode="json", exclude_none=True)
+    data["name"] = name
     data["policy"] = {
         "name": "hagpucb",
         "settings": {
-            "controller": "mamujoco-swimmer",
-            "visited_states": VISITED,
+            "controller": env,
+            "visited_states": visited,
             "candidates": 16,
             "sweeps": 1,
         },
@@ -92,3 +99,52 @@ async def test_visited_states_reach_the_surrogate_hessian_and_survive_a_restart(
     with Store(path) as store:
         assert [t.round for t in store.visited_states("swim")] == [0, 1, 2]
     assert policy._visited_rows == 3 * 682
+
+
+def _wait_until_subscribed(log: Path, device: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                if json.loads(line).get("event") == "device.subscribed":
+                    return
+        assert device.poll() is None, f"exited {device.returncode}: {log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no device.subscribed in {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+@pytest.mark.integration
+async def test_the_command_lines_device_sends_mpe_states_with_send_states(mosquitto, tmp_path):
+    """`cbo-agent sim mpe-tag --send-states`, a process of its own: each 25-step episode's
+    three predators' observations (16 each) ride on its return; the agent stores them and
+    hands them to hagpucb, which waits in phase 0 (it asks for more than two episodes bring)."""
+    log = tmp_path / "device.log"
+    argv = [*cli(), "sim", "mpe-tag", "--experiment", "tag", "--broker", mosquitto.url]
+    with open(log, "w") as out:
+        device = subprocess.Popen(
+            [*argv, "--send-states"], stdout=out, stderr=out, env=child_environment()
+        )
+    path = tmp_path / "agent.sqlite"
+    try:
+        await asyncio.to_thread(_wait_until_subscribed, log, device, WAIT_S)
+        service = AgentService(
+            agent_config(mosquitto.url, path), [_spec(2, "mpe-tag", "tag", visited=1000)]
+        )
+        await asyncio.wait_for(service.run(), WAIT_S)
+    finally:
+        device.terminate()
+        device.wait(30)
+    policy = service.experiments["tag"].policy
+    assert policy.structure is None and policy._visited_rows == 2 * 25  # phase 0 throughout
+    with Store(path) as store:
+        traces = store.visited_states("tag")
+        readings = store.readings("tag")
+    assert [(t.round, t.device_id) for t in traces] == [(0, "sim-tag"), (1, "sim-tag")]
+    for trace in traces:
+        states = trace.array()
+        assert states.shape == (25, 3, 16) and np.isfinite(states).all()
+        # simple_tag's predator observation starts with its own velocity (0 at the reset)
+        # and position; the predators start apart
+        assert np.array_equal(states[0, :, :2], np.zeros((3, 2)))
+        assert len({tuple(p) for p in states[0, :, 2:4].round(6)}) == 3
+    assert sorted(r.round for r in readings) == [0, 1]

@@ -134,3 +134,44 @@ def test_mamujoco_ant_plays_episodes_through_gymnasium_robotics():
     reading = env.step(values, torch.Generator().manual_seed(0))
     assert set(reading) == {"R"} and np.isfinite(reading["R"])
     assert load_spec(EXAMPLES / "mamujoco-ant.yaml").parameters.blocks == blocks()
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("mpe-tag", 25),
+        ("mpe-tag-het", 25),
+        ("mpe-tag-hom", 25),
+        ("mpe-tag-hom-no-ra", 25),
+        ("mpe-tag-hom-no-ri", 25),
+        ("mpe-tag-het-hom", 25),
+        ("mamujoco-swimmer", 682),  # 1,000 steps thinned to 8,192 values of 2 x 6
+        ("mamujoco-ant", 215),  # θ = 0 stands all 1,000 steps: thinned, 8,192 values of 2 x 19
+    ],
+)
+def test_episode_environments_record_the_states_their_controller_saw(name, steps):
+    """What `cbo-agent sim NAME --send-states` sends (issue 13): the observations (T, agents,
+    obs) the controller was fed, in the shape of the controller hagpucb differentiates, the
+    first the reset's; recording changes no return, and nothing is kept unless asked."""
+    from connectors.arrays import MAX_ARRAY_ELEMENTS
+    from sim.controllers import controllers
+    from sim.registry import make_environment
+
+    env = make_environment(name, 0)
+    theta = np.zeros(env.dim)
+    assert env.records_states and not env.record_states
+    plain = env.episode(theta, 5)
+    assert env.last_states is None
+    env.record_states = True
+    try:
+        assert env.episode(theta, 5) == plain
+        states = env.last_states
+    finally:
+        env.record_states, env.last_states = False, None
+    controller = controllers()[name]
+    assert states.shape == (steps, controller.agents, controller.obs)
+    assert states.size <= MAX_ARRAY_ELEMENTS and np.isfinite(states).all()
+    observations, _ = env._env.reset(seed=5)
+    agents = [a for a in observations if a.startswith("adversary")] or list(observations)
+    assert np.array_equal(states[0], np.stack([observations[a] for a in agents]))
+    assert not np.array_equal(states[-1], states[0])  # the episode moved on

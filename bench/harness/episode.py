@@ -20,7 +20,7 @@ import torch
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, load_spec
 from core.structure import structure_scores
-from policies.base import Constraints, NothingAffordable
+from policies.base import Constraints, NothingAffordable, Policy
 from policies.random_search import RandomPolicy
 from policies.registry import make_policy
 from sim.base import Environment
@@ -162,8 +162,28 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
         budget=spec.constraints.budget_total,
     )
 
+    states = _StatesHandOver(env, policy)
+    try:
+        _rounds(config, env, spec, model, policy, noise, rng, design_seed, states, payload)
+    finally:
+        states.close()
+
+
+def _rounds(
+    config: RunConfig,
+    env: Environment,
+    spec: ExperimentSpec,
+    model: NetworkModel,
+    policy: Policy,
+    noise: torch.Generator,
+    rng: torch.Generator,
+    design_seed: int,
+    states: _StatesHandOver,
+    payload: dict[str, Any],
+) -> None:
+    optimum = env.optimum
     design = torch.Generator().manual_seed(design_seed)
-    spent = _initial_design(env, spec, model, config.seed, noise, design, payload)
+    spent = _initial_design(env, spec, model, config.seed, noise, design, payload, states)
     if spent is None:
         return
     for t in range(1, config.rounds + 1):
@@ -180,8 +200,12 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
         learn_start = time.perf_counter()
         model.learn(intervention, readings)
         learned = time.perf_counter()
+        # before the oracle's episodes replace them
+        handed = states.hand_over(len(payload["initial_design"]) + t - 1)
 
         record = {"round": t, **_reading(env, intervention, readings)}
+        if handed is not None:
+            record["visited_states"] = handed
         spent += record["cost"]
         payload["spent"] = spent
         record.update(
@@ -202,6 +226,52 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
     structure = structure_outcome(env, payload["history"])
     if structure is not None:
         payload["structure"] = structure
+
+
+class _StatesHandOver:
+    """The states an episode visited, handed to a policy that takes them (`hagpucb` with a
+    `controller` and `visited_states`), as the service does (docs/protocol.md, "Visited
+    states"): the environment records them (the device's `send_states`), every round's trace,
+    the initial design's included, goes to `policy.observe_states` after the round is learnt,
+    through the wire encoding (`ArrayPayload`, float32) the device sends them in. A trace of
+    another (agents, obs) than the policy's fails the run (the service refuses it as
+    `wrong_shape` and phase 0 would go on to the end). `close` leaves the environment, which
+    `make_environment` caches per process, recording nothing again."""
+
+    def __init__(self, env: Environment, policy: Policy) -> None:
+        self.env, self.policy = env, policy
+        self.shape = policy.states_shape()
+        if self.shape is not None:
+            if not getattr(env, "records_states", False):
+                raise ValueError(f"{env.name} does not record the states its episodes visit")
+            env.record_states = True  # type: ignore[attr-defined]
+            env.last_states = None  # type: ignore[attr-defined]
+
+    def hand_over(self, round_: int) -> int | None:
+        """Hand the last episode's states, round `round_`'s (numbered as the service's: the
+        initial design from 0), to the policy; their count T, or None where the policy takes
+        none."""
+        if self.shape is None:
+            return None
+        from connectors.arrays import ArrayPayload
+
+        visited = self.env.last_states  # type: ignore[attr-defined]
+        self.env.last_states = None  # type: ignore[attr-defined]
+        if visited is None:  # an episode that recorded nothing: the device would send none
+            return 0
+        states = ArrayPayload.from_numpy(visited).to_numpy()
+        if tuple(states.shape[1:]) != self.shape:
+            raise ValueError(
+                f"{self.env.name} visited states of (agents, obs) {tuple(states.shape[1:])}; "
+                f"{self.policy.name} takes {self.shape}"
+            )
+        self.policy.observe_states(round_, states)
+        return int(states.shape[0])
+
+    def close(self) -> None:
+        if self.shape is not None:
+            self.env.record_states = False  # type: ignore[attr-defined]
+            self.env.last_states = None  # type: ignore[attr-defined]
 
 
 def structure_outcome(
@@ -241,6 +311,7 @@ def _initial_design(
     noise: torch.Generator,
     design: torch.Generator,
     payload: dict[str, Any],
+    states: _StatesHandOver,
 ) -> float | None:
     """Play and learn the initial design, charged and checked like any round (not in metrics).
 
@@ -266,7 +337,10 @@ def _initial_design(
                 return None
         readings = env.step(intervention, noise)
         model.learn(intervention, readings)
+        handed = states.hand_over(k - 1)
         record = _reading(env, intervention, readings)
+        if handed is not None:
+            record["visited_states"] = handed
         spent += record["cost"]
         payload["spent"] = record["spent"] = spent
         problems = violations(spec, constraints, intervention, record["cost"], spent)

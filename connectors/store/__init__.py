@@ -873,7 +873,8 @@ class Store:
     def export(
         self, experiment: str, directory: str | Path, fmt: ExportFormat = "csv"
     ) -> list[Path]:
-        """Write the experiment's rounds, readings, oracle values and ledger, one file each.
+        """Write the experiment's rounds, readings, oracle values, ledger and visited states, one
+        file each.
 
         Files are ``<directory>/<experiment>_<table>.<fmt>``, read in one consistent snapshot
         and each written atomically (temporary file, then rename). Returns their paths in the

@@ -1,7 +1,7 @@
-"""`Store.export`: an experiment's rounds, readings, oracle values and ledger, one CSV or Parquet
-file per table, each written atomically.
+"""`Store.export`: an experiment's rounds, readings, oracle values, ledger and visited states, one
+CSV or Parquet file per table, each written atomically.
 
-`check` refuses a bad request before anything is read, `read_tables` reads the four tables (run
+`check` refuses a bad request before anything is read, `read_tables` reads the five tables (run
 it in one consistent read) and `write_tables` writes the files. A table is a column spec (name,
 kind) and rows of plain values. CSV needs only the standard library; Parquet needs pyarrow, the
 project's `parquet` extra (which the image and the test extra install): without it `check`
@@ -40,7 +40,7 @@ ColumnKind = Literal["int", "float", "str", "floats"]
 Columns = Sequence[tuple[str, ColumnKind]]
 Rows = Sequence[Sequence[Any]]
 
-EXPORT_TABLES: Final = ("rounds", "readings", "oracle", "ledger")
+EXPORT_TABLES: Final = ("rounds", "readings", "oracle", "ledger", "visited_states")
 _EXPORT_MODE: Final = 0o644
 
 
@@ -77,16 +77,19 @@ def check(experiment: str, fmt: str) -> None:
 
 def read_tables(conn: Connection, experiment: str) -> dict[str, list[Any]]:
     """The experiment's rows of each of EXPORT_TABLES, in the columns of `_QUERIES`; an array
-    reading's bytes become a flat list of floats (C order; `array_shape` gives the shape)."""
+    reading's bytes, and a trace of visited states', become a flat list of floats (C order;
+    `array_shape`, `shape` give the shape)."""
     tables = {
         name: conn.execute(_QUERIES[name][1], (experiment,)).fetchall() for name in EXPORT_TABLES
     }
-    tables["readings"] = [_unpack_array(row) for row in tables["readings"]]
+    for name in ("readings", "visited_states"):
+        tables[name] = [_unpack_array(row) for row in tables[name]]
     return tables
 
 
 def _unpack_array(row: Sequence[Any]) -> list[Any]:
-    """The readings row with its last column, the array's bytes, as a list of floats."""
+    """The row with its last column, an array's bytes, as a list of floats (its dtype two
+    columns before)."""
     *head, data = row
     dtype = head[-2]
     if data is None or dtype is None:
@@ -192,10 +195,14 @@ def _columns(spec: str) -> list[tuple[str, ColumnKind]]:
     return out
 
 
-def _query(table: str, spec: str, order: str) -> tuple[list[tuple[str, ColumnKind]], str]:
+def _query(
+    table: str, spec: str, order: str, data: str | None = None
+) -> tuple[list[tuple[str, ColumnKind]], str]:
     columns = _columns(spec)
-    # a `floats` column is read from its bytes column (`array` <- `array_data`)
-    names = ", ".join(f"{name}_data" if kind == "floats" else name for name, kind in columns)
+    # a `floats` column is read from its bytes column (`array` <- `array_data`, or `data`)
+    names = ", ".join(
+        (data or f"{name}_data") if kind == "floats" else name for name, kind in columns
+    )
     return columns, f"SELECT {names} FROM {table} WHERE experiment = ? ORDER BY {order}"
 
 
@@ -224,5 +231,13 @@ _QUERIES: Final = {
         "experiment:str, round:int, amount:float, state:str, budget_total:float, "
         "reserved_at:float, settled_at:float, released_at:float",
         "round",
+    ),
+    # a trace [T, agents, obs] per row: `states` flat in C order, `shape` its shape (JSON)
+    "visited_states": _query(
+        "visited_states",
+        "id:int, experiment:str, round:int, device_id:str, received_at:float, dtype:str, "
+        "shape:str, states:floats",
+        "id",
+        data="data",
     ),
 }
