@@ -388,6 +388,7 @@ def _drift(args: argparse.Namespace) -> int:
         "budget": args.budget,
         "window": args.window,
         "time_scale": args.time_scale,
+        "period": args.period,
         "refit_every": args.refit_every,
         "initial": args.initial,
     }
@@ -408,6 +409,9 @@ def _add_drift(which: argparse._SubParsersAction) -> None:
     drift.add_argument("--budget", type=positive_int, default=60, help="of `bounded`")
     drift.add_argument("--window", type=positive_int, default=100, help="of `window`")
     drift.add_argument("--time-scale", type=float, default=100.0, help="of `time`: rounds per τ")
+    drift.add_argument(
+        "--period", type=positive_int, default=52, help="of `period`: rounds per period"
+    )
     drift.add_argument("--refit-every", type=positive_int, default=20)
     drift.add_argument("--initial", type=positive_int, default=10, help="random rounds first")
     drift.add_argument("--json", type=Path, help="write the runs as JSON here")

@@ -7,16 +7,19 @@ compared), GP-UCB on it, the same seeds, rounds and candidates for every model:
     bounded     the same, exact up to `--capacity`, then `--budget` rows (`core.gp.bounded`)
     window      the exact GP of the last `--window` readings (oldest forgotten)
     time        `core.gp.temporal.TemporalGP`: the round is an input of the kernel
+    period      the same with a periodic factor of `--period` rounds (`TemporalGP(period=)`):
+                last period's same phase informs the present
     change      the stationary model with the change detector (`core.gp.change`, its default
                 settings): on an alarm it forgets its readings from before the change
 
 Round t acts on `env.at(t)` for a drifting environment (`sim.dropwave_drift`,
-`sim.sir_seasonal`), on `env` itself otherwise, and its regret is that round's, so the sum is
-the dynamic cumulative regret Σ_t f_t(a*_t) − f_t(a_t), exact from the oracles. The GP's observation
-noise is learned (the reward node's own noise is only a lower bound on Var(Y | a)). UCB:
-μ + √β·σ with β = 2·log(|candidates|·t²·π²/(6·0.1)) / 5 (the GP-UCB schedule of Srinivas et al.
-scaled down, as practical GP-UCB does), maximized over 512 uniform random candidates and 64
-perturbations (std 0.02 of the box) of the best observed input, redrawn each round.
+`sim.sir_seasonal`, `sim.sir_school_terms`), on `env` itself otherwise, and its regret is that
+round's, so the sum is the dynamic cumulative regret Σ_t f_t(a*_t) − f_t(a_t), exact from the
+oracles. The GP's observation noise is learned (the reward node's own noise is only a lower
+bound on Var(Y | a)). UCB: μ + √β·σ with β = 2·log(|candidates|·t²·π²/(6·0.1)) / 5 (the GP-UCB
+schedule of Srinivas et al. scaled down, as practical GP-UCB does), maximized over 512 uniform
+random candidates and 64 perturbations (std 0.02 of the box) of the best observed input, redrawn
+each round.
 
 An environment whose actions are constrained beyond their box (`sim.sir`'s dose budget: it
 has `feasible` and `random_feasible`) gets candidates from its feasible set only: the uniform
@@ -47,7 +50,7 @@ from sim.registry import make_environment
 
 __all__ = ["MODELS", "Run", "run", "run_one"]
 
-MODELS = ("stationary", "bounded", "window", "time", "change")
+MODELS = ("stationary", "bounded", "window", "time", "period", "change")
 
 
 @dataclass
@@ -75,6 +78,13 @@ def _model(name: str, actions: int, noise: float | None, options: dict[str, int]
         return make_gp(bounds, GPConfig(window=options["window"], **settings))
     if name == "time":
         return TemporalGP(bounds, GPConfig(**settings), time_scale=options["time_scale"])
+    if name == "period":
+        return TemporalGP(
+            bounds,
+            GPConfig(**settings),
+            time_scale=options["time_scale"],
+            period=options["period"],
+        )
     if name == "change":
         return make_gp(bounds, GPConfig(change=ChangeConfig(), **settings))
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")

@@ -215,6 +215,8 @@ class NetworkModel:
         # right after its own (parents, actions), scaled by time_scale rounds (as
         # `core.gp.temporal.TemporalGP`); the flat GP has it after the encoded actions.
         self.time_scale: float | None = spec.model.time_scale
+        # with `model.period`, two more: the round's point on the period's circle (cos, sin)
+        self.period: float | None = spec.model.period
         self._bounds = self._input_bounds()
         self.gp = make_gp(self._bounds, self._gp_config(), dims=self._dims())
         self.history: list[Round] = []
@@ -243,6 +245,22 @@ class NetworkModel:
         return self.time_scale is not None
 
     @property
+    def time_width(self) -> int:
+        """GP input columns of time: 0, the round (1), or the round, cos and sin (3)."""
+        return 0 if not self.timed else 1 if self.period is None else 3
+
+    def time_columns(self, round_index: float) -> list[float]:
+        """The time columns of a round: [t], or [t, cos 2πt/P, sin 2πt/P] with a period (the
+        phase from t mod P, as `core.gp.temporal.TemporalGP`); [] when not timed."""
+        if not self.timed:
+            return []
+        t = float(round_index)
+        if self.period is None:
+            return [t]
+        phase = 2.0 * math.pi * math.fmod(t, self.period) / self.period
+        return [t, math.cos(phase), math.sin(phase)]
+
+    @property
     def now(self) -> int:
         """The round a policy proposes for: the next one to start (what a time-aware model's
         posterior is asked about)."""
@@ -252,14 +270,16 @@ class NetworkModel:
     def input_dim(self) -> int:
         """Width of the batched GP inputs (the widest node, with its round if timed; at
         least 1)."""
-        return max([1, *(inputs.width + self.timed for inputs in self.inputs.values())])
+        return max([1, *(inputs.width + self.time_width for inputs in self.inputs.values())])
 
     def _dims(self) -> list[int]:
-        return [self.inputs[node].width + self.timed for node in self.order]
+        return [self.inputs[node].width + self.time_width for node in self.order]
 
-    def _time_bounds(self) -> tuple[float, float]:
-        assert self.time_scale is not None
-        return (0.0, self.time_scale)
+    def _time_bounds(self) -> list[tuple[float, float]]:
+        """Declared bounds of the time columns: the round over `time_scale`, cos and sin."""
+        if self.time_scale is None:
+            return []
+        return [(0.0, self.time_scale), *([(-1.0, 1.0)] * (self.time_width - 1))]
 
     def _input_bounds(self) -> torch.Tensor:
         bounds = torch.zeros(len(self.order), self.input_dim, 2, dtype=self.dtype)
@@ -272,19 +292,19 @@ class NetworkModel:
                 for _ in range(width)
             ]
             columns += [self.spec.action(a).bounds for a in self.inputs[node].actions]
-            if self.timed:
-                columns.append(self._time_bounds())
+            columns += self._time_bounds()
             for c, (low, high) in enumerate(columns):
                 bounds[j, c, 0], bounds[j, c, 1] = low, high
         return bounds.to(self.device)
 
     def with_round(self, inputs: torch.Tensor, round_index: float | None = None) -> torch.Tensor:
-        """(..., w) inputs -> (..., w + 1) with the round (default `now`) last; unchanged when
-        the model does not know time."""
+        """(..., w) inputs -> (..., w + time_width) with the round's time columns (default `now`)
+        last; unchanged when the model does not know time."""
         if not self.timed:
             return inputs
-        t = float(self.now if round_index is None else round_index)
-        return torch.cat((inputs, inputs.new_full((*inputs.shape[:-1], 1), t)), dim=-1)
+        columns = self.time_columns(self.now if round_index is None else round_index)
+        time = torch.tensor(columns, dtype=inputs.dtype, device=inputs.device)
+        return torch.cat((inputs, time.expand(*inputs.shape[:-1], len(columns))), dim=-1)
 
     def _gp_config(self) -> GPConfig:
         settings = self.spec.model
@@ -605,10 +625,10 @@ class NetworkModel:
         return self.gp.learn_one(x, y, mask, refit=refit)
 
     def _timed_row(self, node: str, record: Round) -> list[float]:
-        """The node GP's input for a round: `node_input_row`, then the round if timed."""
+        """The node GP's input for a round: `node_input_row`, then its time columns if timed."""
         readings = {**record.readings, **record.arrays} if record.arrays else record.readings
         row = self.node_input_row(node, readings, record.intervention)
-        return [*row, float(record.index)] if self.timed else row
+        return [*row, *self.time_columns(record.index)]
 
     def node_input_row(self, node: str, readings: Readings, actions: Intervention) -> list[float]:
         """The GP input of `node` for a round, in declared units (an array parent's reading,
@@ -940,8 +960,9 @@ class NetworkModel:
     @property
     def flat_dim(self) -> int:
         """Width of the flat model's input: A values (soft), A values + A do-bits (hard), and
-        the round when the model knows time."""
-        return len(self.action_names) * (2 if self.spec.intervention == "hard" else 1) + self.timed
+        the time columns when the model knows time (`time_width`)."""
+        width = len(self.action_names) * (2 if self.spec.intervention == "hard" else 1)
+        return width + self.time_width
 
     def flat_encode(self, actions: torch.Tensor, set_actions: Sequence[str] = ()) -> torch.Tensor:
         """Encode action vectors as inputs of the flat model; differentiable in `actions`.
@@ -988,7 +1009,7 @@ class NetworkModel:
             bits = torch.tensor([[0.0, 1.0]], dtype=self.dtype, device=self.device)
             bounds = torch.cat([bounds, bits.expand(len(self.action_names), 2)])
         if self.timed:
-            time = torch.tensor([self._time_bounds()], dtype=self.dtype, device=self.device)
+            time = torch.tensor(self._time_bounds(), dtype=self.dtype, device=self.device)
             bounds = torch.cat([bounds, time])
         return bounds
 

@@ -508,6 +508,16 @@ class ModelSpec(_Strict):
         "present: for a system that drifts. Bound it with `window`, not `capacity` (old rows "
         "are far in time from every other and would look informative). null: stationary.",
     )
+    period: float | None = Field(
+        default=None,
+        gt=0,
+        description="With `time_scale`: a periodic factor in time of this many rounds (52 for "
+        "a year of weekly rounds). The round also enters every node's GP as a point on a circle, "
+        "(cos 2πt/period, sin 2πt/period), so that readings a whole period ago inform the "
+        "present as much as the decay of `time_scale` lets them: last year's same season "
+        "informs this one (`core.gp.temporal`; with `kernel: rbf` and equal lengthscales of "
+        "the two columns it is the product with the exp-sine-squared kernel). null: none.",
+    )
     change: ChangeSpec | None = Field(
         default=None,
         description="A change detector over each node's standardized predictive residuals "
@@ -526,6 +536,8 @@ class ModelSpec(_Strict):
                 "model.time_scale and model.capacity exclude each other: bound a time-aware "
                 "model with model.window"
             )
+        if self.period is not None and self.time_scale is None:
+            raise ValueError("model.period needs a model.time_scale (the decay in time)")
         if self.budget is not None and (self.capacity is None or self.budget > self.capacity):
             raise ValueError("model.budget needs a model.capacity at least as large")
         return self

@@ -28,6 +28,7 @@ from sim.mpe_tag import MPETag
 from sim.psagraph import PSAGraph
 from sim.rosenbrock import Rosenbrock
 from sim.sir import AgeStructuredSIR
+from sim.sir_school_terms import SchoolTermsSIR
 from sim.sir_seasonal import SeasonalSIR
 from sim.toygraph import ToyGraph
 from sim.tr import TR
@@ -51,6 +52,7 @@ _FACTORIES: dict[str, Callable[[int], Environment]] = {
     "decomposed-synthetic": lambda seed: DecomposedSynthetic(seed=seed),
     "sir": lambda seed: AgeStructuredSIR(),
     "sir-seasonal": lambda seed: SeasonalSIR(),
+    "sir-school-terms": lambda seed: SchoolTermsSIR(),
     "weather": lambda seed: WeatherField(seed=seed),
     # paper 002's composite problem: an array node (a 3 x 4 field) and reward g(field)
     "environmental": lambda seed: Environmental(),

@@ -1,10 +1,12 @@
 """A drifting system through the service on a real Mosquitto: a time-aware model
-(`model.time_scale`) and a change detector (`model.change`) that finds a step of the system."""
+(`model.time_scale`) and a change detector (`model.change`) that finds a step of the system;
+a periodic factor (`model.period`) on the school calendar's SIR task."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from connectors.mqtt import BrokerConfig
 from core.spec import ChangeSpec, load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.dropwave_drift import DropwaveDrift
+from sim.sir_school_terms import SchoolTermsSIR
 from tests.test_agent_service import EXAMPLES, agent_config
 from tests.test_policies_helpers import FAST
 
@@ -115,3 +118,56 @@ async def test_a_time_aware_agent_finds_a_step_of_the_system(mosquitto, tmp_path
     # least the change detector's `keep`
     held = int(model.gp.num_observations[model.member["Y"]])
     assert 3 <= held <= ROUNDS - STEP_AT
+
+
+@pytest.mark.integration
+async def test_a_periodic_model_runs_the_school_calendar_through_the_service(mosquitto, tmp_path):
+    """`model.period` from the spec: every node GP holds (doses, round, cos, sin) of each
+    round, and the policy proposes on it within the dose budget. (No oracle: the agent holds
+    one optimum per experiment and refuses one that changes, `oracle_optimum_changed`, which
+    this environment's does between holiday and term.)"""
+    rounds, period = 6, 4.0
+    spec = load_spec(EXAMPLES / "sir-school-terms.yaml")
+    model = spec.model.model_copy(update={"time_scale": 52.0, "period": period})
+    spec = spec.model_validate(
+        {
+            **spec.model_dump(),
+            "name": "school",
+            "model": model.model_dump(),
+            "policy": {"name": "dgpucb", "settings": FAST["dgpucb"]},
+            "initial_design": {"rounds": 2},
+            "schedule": {
+                **spec.schedule.model_dump(),
+                "max_rounds": rounds,
+                "ack_timeout_s": 5.0,
+                "round_timeout_s": 5.0,
+            },
+        }
+    )
+    env = SchoolTermsSIR()
+    device = SimulatorDevice(
+        env,
+        BrokerConfig.from_url(mosquitto.url),
+        DeviceSettings(experiment="school", delay_s=0.01, seed=3, publish_oracle=False),
+    )
+    device_task = asyncio.create_task(device.run())
+    await asyncio.wait_for(device.ready.wait(), 60)
+    service = AgentService(agent_config(mosquitto.url, tmp_path / "agent.sqlite"), [spec])
+    try:
+        await asyncio.wait_for(service.run(), 300)
+    finally:
+        device_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await device_task
+
+    exp = service.experiments["school"]
+    assert exp.finished and len(exp.model.history) == rounds
+    net = exp.model
+    assert net.time_width == 3 and net.gp.dims.tolist() == [5 + 3] * 5
+    rows, _ = net.gp.member_data(net.member["sick_days_0_19"])
+    cos, sin = (2.0 * rows[:, 6] - 1.0).tolist(), (2.0 * rows[:, 7] - 1.0).tolist()
+    phases = [2 * math.pi * t / period for t in range(rounds)]
+    assert cos == pytest.approx([math.cos(p) for p in phases], abs=1e-9)
+    assert sin == pytest.approx([math.sin(p) for p in phases], abs=1e-9)
+    for record in net.history:
+        assert bool(env.feasible(list(record.intervention.values())))

@@ -120,6 +120,31 @@ def test_drift_keeps_sir_within_its_dose_budget(tmp_path):
     assert all(r["regret"] > -1e-6 for r in runs)
 
 
+def test_drift_runs_the_periodic_model_on_the_school_calendar(tmp_path, monkeypatch):
+    """`--models period`: a TemporalGP with the period's two columns after the round; on
+    sir-school-terms within the dose budget, the dynamic regret summed over a holiday and term
+    weeks (round 0 is the Christmas holiday, round 2 term)."""
+    made = []
+    original = drift._model
+
+    def spy(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(drift, "_model", spy)
+    path = tmp_path / "school.json"
+    code = main(["bench", "drift", "--env", "sir-school-terms", "--models", "period",
+                 "--seeds", "1", "--rounds", "6", "--initial", "3", "--period", "26",
+                 "--json", str(path)])  # fmt: skip
+    assert code == 0
+    (run,) = json.loads(path.read_text())["runs"]
+    assert run["model"] == "period" and run["infeasible"] == 0 and run["regret"] > 0
+    (gp,) = made
+    assert gp.period == 26.0 and gp.gp.dim == 5 + 3  # five actions, the round, cos, sin
+    rows, _ = gp.gp.member_data(0)
+    assert rows.shape == (6, 8)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -137,3 +137,39 @@ def test_validate_names_a_policy_that_would_ignore_the_setting(tmp_path, capsys)
     assert main(["validate", str(bad)]) == 1
     out = capsys.readouterr().out
     assert f"{bad}: model.time_scale: cmaes decides on a model of its own" in out
+
+
+def test_with_a_period_each_node_gp_takes_the_rounds_point_on_the_circle():
+    """`model.period`: (round, cos, sin) after a node's inputs, and the posterior is the
+    periodic TemporalGP's at the present round, to rounding."""
+    spec = parse_spec(_spec(time_scale=50.0, period=4.0))
+    model = NetworkModel(spec)
+    assert model.time_width == 3 and model.gp.dims.tolist() == [3, 5]  # A: t, cos, sin
+    gen = torch.Generator().manual_seed(5)
+    _teach(model, 10, gen)
+    rows, _ = model.gp.member_data(model.member["B"])
+    cos = (2.0 * rows[:, 3] - 1.0).tolist()  # declared on (-1, 1)
+    assert cos == pytest.approx([1, 0, -1, 0] * 2 + [1, 0], abs=1e-12)
+    config = dataclasses.replace(model.gp.config, noise_variance=0.1**2)
+    reference = TemporalGP([[0, 1], [-1, 1]], config, time_scale=50.0, period=4.0)
+    for t, record in enumerate(model.history):
+        row = [record.readings["A"], record.intervention["u"]]
+        reference.learn_one([row], [record.readings["B"]], t)
+    query = torch.tensor([[0.5, 0.2], [0.1, -0.7]], dtype=torch.float64)
+    mean, std = model.node_posterior("B", query)
+    expected = reference.posterior(query[None], 10)
+    assert mean.tolist() == pytest.approx(expected.mean[0].tolist(), rel=1e-6)
+    assert std.square().tolist() == pytest.approx(expected.variance[0].tolist(), rel=1e-6)
+    flat = model.flat_model()
+    assert model.flat_dim == 4 and flat.dim == 4
+    encoded = model.flat_encode(torch.tensor([[0.25]], dtype=torch.float64))
+    assert encoded[0].tolist() == pytest.approx([0.25, 10.0, -1.0, 0.0], abs=1e-12)
+
+
+def test_the_spec_refuses_a_period_without_a_time_scale():
+    with pytest.raises(SpecError) as raised:
+        parse_spec(_spec(period=52.0))
+    assert any("model.period needs a model.time_scale" in p for p in raised.value.problems)
+    with pytest.raises(SpecError) as raised:
+        parse_spec(_spec(time_scale=52.0, period=-1.0))
+    assert any("model.period" in p for p in raised.value.problems)

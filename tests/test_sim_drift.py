@@ -16,6 +16,7 @@ from connectors.schemas import Action
 from sim._device_plan import Actuator, Noise
 from sim.dropwave_drift import PERIOD, DropwaveDrift
 from sim.registry import make_environment
+from sim.sir_school_terms import HOLIDAY_WEEKS, SchoolTermsSIR, in_holiday
 from sim.sir_seasonal import SeasonalSIR, seasonal_r0
 
 
@@ -72,6 +73,38 @@ def test_the_season_changes_what_a_campaign_is_worth():
     assert winter.optimum.value < summer.optimum.value - 0.3  # more sick days in winter
     plan = summer.optimum.intervention
     assert winter.expected_reward(plan) <= winter.optimum.value + 1e-9
+
+
+@pytest.mark.parametrize("week", [0, 2, 30])  # Christmas holiday, term, summer holiday
+def test_sir_school_terms_oracle_agrees_with_monte_carlo(week):
+    env = make_environment("sir-school-terms").at(week + 52)
+    assert env.holiday == (week in HOLIDAY_WEEKS)
+    rng = np.random.default_rng(week)
+    plans = [dict(zip(env.action_names, x, strict=True)) for x in env.random_feasible(2, rng)]
+    for k, plan in enumerate([*plans, env.optimum.intervention]):
+        _monte_carlo_agrees(env, plan, seed=k, draws=20_000)
+
+
+def test_the_school_calendar_moves_the_best_use_of_the_vaccine():
+    env = SchoolTermsSIR()
+    assert env.at(0) is env.at(52) is env.at(30) and env.at(2) is env.at(60)
+    assert sum(in_holiday(t) for t in range(52)) == 13
+    term, holiday = env.at(2), env.at(0)
+    assert not term.holiday and holiday.holiday
+    assert term.r0_now == pytest.approx(1.8) and holiday.r0_now < 0.8 * term.r0_now
+    best_term, best_holiday = term.optimum.intervention, holiday.optimum.intervention
+    # term: every dose to the school-age group; holiday: to the 20-49 group
+    assert best_term["vacc_0_19"] > 0.35 and best_term["vacc_20_49"] < 0.01
+    assert best_holiday["vacc_20_49"] > 0.23 and best_holiday["vacc_0_19"] < 0.01
+    for system, other in ((term, best_holiday), (holiday, best_term)):
+        # each regime's best plan is feasible, and the other's loses > 0.1 sick days a person
+        assert bool(system.feasible(list(system.optimum.intervention.values())))
+        assert system.expected_reward(other) < system.optimum.value - 0.1
+    # only the school-age group's contacts changed, and C stays reciprocal
+    changed = ~np.isclose(term.contacts, holiday.contacts)
+    assert changed[0].all() and changed[:, 0].all() and not changed[1:, 1:].any()
+    pop = holiday.population
+    np.testing.assert_allclose(pop[:, None] * holiday.contacts, (pop[:, None] * holiday.contacts).T)
 
 
 def test_the_device_plays_the_round_of_a_drifting_environment():
