@@ -19,6 +19,7 @@ The round lifecycle is drawn in `agent.rounds`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 
@@ -100,6 +101,9 @@ class Experiment:
         self.rounds: dict[int, LiveRound] = {}
         self.open = OpenRounds(spec.schedule)  # the rounds not closed yet, and their timers
         self.acks_in = acks.AckArrivals()  # received, not yet handled: no expiry for their rounds
+        # held by the driver while a worker thread changes the model (a batch learned, a
+        # proposal's row and pending point), and by a refit while it copies the model's rows
+        self.learning = asyncio.Lock()
         self.regret = RegretTracker(spec)
         self.finished_reason: str | None = None
         self.last_publish_at: float | None = None  # ticks: the rate limit counts from here

@@ -303,7 +303,8 @@ class BackgroundRefits:
             fit = (await self.worker.fit({key: job}))[key]
         model, result = self.exp.model, None
         for _ in range(self.PASSES):
-            fresh = model.refresh_job(key, job)
+            async with self.exp.learning:  # not while the driver's worker changes the rows
+                fresh = model.refresh_job(key, job)
             if fresh is None:
                 return None
             result = (await asyncio.to_thread(factorize_jobs, {key: fresh}, {key: fit}))[key]

@@ -485,7 +485,7 @@ class AgentService:
         for live in exp.open_rounds:  # recovered rounds that never left before a crash
             if live.published_at is None:
                 await self._publish_action(exp, live.action)
-                await asyncio.shield(self._beside(exp.mark_published, live.number, exp.ticks()))
+                await self._on_model(exp, exp.mark_published, live.number, exp.ticks())
         while True:
             # What touches the store runs in a worker thread (a PostgreSQL round trip, an
             # fsync), one call at a time per experiment: this driver awaits each before the
@@ -494,7 +494,7 @@ class AgentService:
             # the worker threads are busy and every hop to them waits its turn, so a decision
             # takes one hop before its publication, not two.
             may = self._may_propose(exp)
-            due, live = await asyncio.shield(self._beside(_due_and_proposal, exp, may))
+            due, live = await self._on_model(exp, _due_and_proposal, exp, may)
             for action in due:
                 await self._publish_action(exp, action)
             if live is not None:
@@ -503,7 +503,7 @@ class AgentService:
                 # worker thread that marks it gets its turn (`mark_published` then settles
                 # the proposal: its regret estimate, off the decision's latency)
                 published = exp.ticks()
-                await asyncio.shield(self._beside(exp.mark_published, live.number, published))
+                await self._on_model(exp, exp.mark_published, live.number, published)
                 continue
             if exp.finished and not exp.in_flight:
                 self.metrics.set_finished(exp.name, True)
@@ -526,6 +526,13 @@ class AgentService:
         work.add_done_callback(_settled)
         work.add_done_callback(self._working.discard)
         return work
+
+    async def _on_model(self, exp: Experiment, call: Callable[..., _T], *args: Any) -> _T:
+        """`_beside(call, *args)` holding the experiment's model (`Experiment.learning`): the
+        driver's worker calls change the model (rows, pending points, appends), and a refit
+        copies its rows on the loop (`agent.refits`), which must not see one half-done."""
+        async with exp.learning:
+            return await asyncio.shield(self._beside(call, *args))
 
     async def _settle(self) -> None:
         """Wait for the store work `_beside` started (the service is stopping)."""
@@ -611,15 +618,17 @@ class AgentService:
             if item.message is not None:
                 self._inbox_bytes[exp.name] -= len(item.message.payload)
         if any(item.decoded is not None or item.kind == "reconnected" for item in batch):
-            work = self._beside(_apply, exp, batch)
-            try:
-                applied = await asyncio.shield(work)
-            except asyncio.CancelledError:
-                # The driver was cancelled (a fleet let go of the experiment) while the worker
-                # stores the batch: it finishes anyway, and what it stored is acknowledged then,
-                # so the broker's in-flight window does not keep a slot for each message.
-                work.add_done_callback(lambda done: _ack_if_stored(done, batch))
-                raise
+            async with exp.learning:  # the model is the worker's until it is done (`_on_model`)
+                work = self._beside(_apply, exp, batch)
+                try:
+                    applied = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # The driver was cancelled (a fleet let go of the experiment) while the
+                    # worker stores the batch: it finishes anyway, and what it stored is
+                    # acknowledged then, so the broker's in-flight window does not keep a slot
+                    # for each message.
+                    work.add_done_callback(lambda done: _ack_if_stored(done, batch))
+                    raise
         else:
             applied = _Applied([], [], [])  # only wake-ups: nothing to store
         for kind, item, verdict in applied.verdicts:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -210,3 +211,52 @@ def test_the_fit_process_is_at_its_lower_priority_before_it_imports_torch():
         )
     finally:
         worker.close()
+
+
+@pytest.mark.integration
+async def test_a_refit_copies_the_rows_only_while_no_batch_is_being_learned(
+    mosquitto, tmp_path, monkeypatch
+):
+    """The refit copies the model's rows on the loop (`refresh_job`) while the driver learns a
+    batch in a worker thread: unguarded, the copy could see a row half appended or a bounded
+    model's removal half done (rows and data of different lengths: the refit, or its install,
+    failed). With every batch slowed to hold the worker most of the time, no copy may overlap
+    one."""
+    import agent.runtime as runtime
+
+    learning = threading.Event()
+    overlaps: list[bool] = []
+    apply, refresh = runtime._apply, NetworkModel.refresh_job
+
+    def slow_apply(exp, batch):
+        learning.set()
+        try:
+            time.sleep(0.3)
+            return apply(exp, batch)
+        finally:
+            learning.clear()
+
+    def watched_refresh(self, key, job):
+        overlaps.append(learning.is_set())
+        return refresh(self, key, job)
+
+    monkeypatch.setattr(runtime, "_apply", slow_apply)
+    monkeypatch.setattr(NetworkModel, "refresh_job", watched_refresh)
+    spec = fast_spec("copies", rounds=24, pipeline=1, min_interval_s=0.1)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"refit_every": 2})})
+    device = SimulatorDevice(
+        make_environment("toygraph"),
+        BrokerConfig.from_url(mosquitto.url),
+        DeviceSettings(experiment="copies", delay_s=0.0, seed=5),
+    )
+    device_task = asyncio.create_task(device.run())
+    await asyncio.wait_for(device.ready.wait(), WAIT_S)
+    service = AgentService(agent_config(mosquitto.url, tmp_path / "agent.sqlite"), [spec])
+    try:
+        await asyncio.wait_for(service.run(), 3 * WAIT_S)
+    finally:
+        device_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await device_task
+    assert overlaps, "no refit copied rows: the test did not exercise the race"
+    assert not any(overlaps), f"{sum(overlaps)} of {len(overlaps)} copies overlapped a batch"
