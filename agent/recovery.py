@@ -37,11 +37,20 @@ STRUCTURAL_FIELDS = (
 )
 
 
+# Structural fields added since experiments were first stored, with the value a spec stored
+# before them meant: (section, field) -> value.
+_ADDED_DEFAULTS = {("reward", "optimum"): "fixed"}
+
+
 def check_same_experiment(exp: Experiment) -> None:
     """Refuse to continue a stored experiment whose graph or model the spec has changed."""
     stored = exp.store.experiment_spec(exp.name)
     if stored is None:
         return
+    stored = dict(stored)
+    for (section, field), value in _ADDED_DEFAULTS.items():
+        if isinstance(stored.get(section), dict) and field not in stored[section]:
+            stored[section] = {**stored[section], field: value}
     current = exp.spec.model_dump(mode="json", by_alias=True)
     changed = [key for key in STRUCTURAL_FIELDS if stored.get(key) != current.get(key)]
     if changed:
