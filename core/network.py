@@ -370,6 +370,8 @@ class NetworkModel:
         loaded machine). A model that keeps a bounded number of rows (`model.capacity`, a
         window) gets room for those only. Returns the capacity now held."""
         gp = self.gp
+        if gp.batch == 0:  # no scalar node: every node is an array node with its own model
+            return gp.room
         config = gp.config
         rows = rounds
         if config.capacity is not None:
