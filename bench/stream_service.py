@@ -319,13 +319,18 @@ def run(
     time_limit_s: float | None = None,
     store_path: Path | None = None,
     console: Console | None = None,
+    every: int | None = None,
 ) -> tuple[list[Checkpoint], list[ServiceWindow]]:
     """Feed `rounds` readings per node through the agent; print and save the checkpoints (at
     every one, when `json_path` is given). `time_limit_s` ends the run early (what was
-    measured stays); `store_path` keeps the agent's store (SQLite) there, a new file."""
+    measured stays); `store_path` keeps the agent's store (SQLite) there, a new file; `every`
+    adds a checkpoint every that many rounds (the agent's RSS per round needs more points than
+    the geometric ladder gives)."""
     console = console or wide_console()
     spec = stream_spec(rounds, batch, dim, capacity, budget, pipeline)
     marks = checkpoints(rounds, capacity)
+    if every is not None:
+        marks = sorted({*marks, *range(every, rounds, every)})
     shipped = shipped_broker()
     began = time.perf_counter()
     recorder: _Recorder | None = None
@@ -346,6 +351,7 @@ def run(
                 "budget": budget,
                 "seed": seed,
                 "pipeline": pipeline,
+                "every": every,
                 "seconds": time.perf_counter() - began,
                 "reached": recorder.n,  # readings per node learned when this was written
                 "broker": shipped.describe(),
