@@ -23,11 +23,20 @@ from core.spec import ExperimentSpec
 
 
 class RegretTracker:
-    """Rewards, oracle values and regret of one experiment."""
+    """Rewards, oracle values and regret of one experiment.
+
+    `expected` holds the oracle values of the rounds in memory (a bounded experiment retires
+    rounds, `agent.retire`, and `forget`s theirs); the regret is kept in running sums over
+    every value observed, so it costs O(1) a round and forgets nothing.
+    """
 
     def __init__(self, spec: ExperimentSpec) -> None:
         self.spec = spec
         self.expected: dict[int, float] = {}
+        self.oracle_count = 0  # oracle values observed, forgotten ones included
+        self._expected_sum = 0.0
+        self._gaps = 0.0  # Σ (optimum − E[y | a_t]) under the optimum in force
+        self._best_expected = -math.inf
         self.optimum: float | None = None
         self.last_reward: float | None = None
         self.last_reward_round: int | None = None
@@ -36,19 +45,19 @@ class RegretTracker:
 
     @property
     def has_oracle(self) -> bool:
-        return self.optimum is not None and bool(self.expected)
+        return self.optimum is not None and self.oracle_count > 0
 
     @property
     def cumulative(self) -> float | None:
         if not self.has_oracle:
             return None
-        return sum(self.optimum - value for value in self.expected.values())
+        return self._gaps
 
     @property
     def simple(self) -> float | None:
         if not self.has_oracle:
             return None
-        return self.optimum - max(self.expected.values())
+        return self.optimum - self._best_expected
 
     def observe_reward(self, round_number: int, reward: float) -> None:
         self.last_reward = reward
@@ -60,8 +69,20 @@ class RegretTracker:
         if round_number in self.expected:
             return False
         self.expected[round_number] = expected
+        if optimum != self.optimum and self.oracle_count:
+            # the sum is over every round under the optimum in force (oracle_problem lets it
+            # move by a simulator's slack only): the earlier rounds' terms again, under this one
+            self._gaps = self.oracle_count * optimum - self._expected_sum
         self.optimum = optimum
+        self._gaps += optimum - expected
+        self._expected_sum += expected
+        self.oracle_count += 1
+        self._best_expected = max(self._best_expected, expected)
         return True
+
+    def forget(self, round_number: int) -> None:
+        """A retired round's value leaves memory; the sums keep it."""
+        self.expected.pop(round_number, None)
 
     def add_upper_increment(self, ucb_best: float, lcb_chosen: float) -> None:
         """One round's model-based regret term, UCB at the best candidate − LCB at the choice
@@ -126,7 +147,7 @@ def _enough_rewards(model: NetworkModel) -> bool:
     and a network of array nodes only has none at all)."""
     reward = model.reward_node
     if model.field_reward is not None or not model.order:
-        return len(model.observed_rewards) >= 2
+        return model.reward_count >= 2
     counts = model.gp.num_observations.tolist()
     learners = [model.member[reward]] if reward in model.member else list(model.member.values())
     return min(counts[j] for j in learners) >= 2
