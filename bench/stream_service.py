@@ -177,6 +177,12 @@ class ServiceWindow:
     refits_installed: int
     fit_rss_mb: float | None  # the agent's fit process (None: not running)
     load_average: float  # 1-minute, at the checkpoint
+    # the agent's per-round records in memory at the checkpoint: `Experiment.rounds`, the
+    # model's history (`len` where it is a plain list, before issue 22's bound) and the
+    # rewards it keeps (`NetworkModel.observed_rewards`)
+    rounds_held: int = 0
+    history_held: int = 0
+    rewards_held: int = 0
 
 
 class _Recorder:
@@ -247,6 +253,9 @@ class _Recorder:
                 refits_installed=installed,
                 fit_rss_mb=_fit_rss_mb(self.service),
                 load_average=os.getloadavg()[0],
+                rounds_held=len(exp.rounds),
+                history_held=getattr(exp.model.history, "held", len(exp.model.history)),
+                rewards_held=len(exp.model.observed_rewards),
             )
         )
         self.latencies = []
