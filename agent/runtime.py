@@ -36,7 +36,7 @@ import structlog
 
 from agent import identity
 from agent.config import AgentConfig
-from agent.experiment import Experiment
+from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits, FitWorker
 from agent.rounds import EventSink, LiveRound, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
@@ -294,6 +294,7 @@ class AgentService:
                 on_event=self.on_event,
                 device=self.config.device,
                 background_refits=self.background_refits,
+                reserve_bytes=reserve_share(len(self.specs)),
             )
             inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
             self._inboxes[spec.name] = inbox
