@@ -1,7 +1,10 @@
 """Regret as the agent reports it.
 
 With a simulator, oracle messages carry E[y | a_t] and the optimum, so regret is true:
-    cumulative R_T = Σ_t (f* − E[y | a_t]),   simple r_T = f* − max_t E[y | a_t].
+    cumulative R_T = Σ_t (f*_t − E[y_t | a_t]),   simple r_T = min_t (f*_t − E[y_t | a_t]).
+For a stationary system (`reward.optimum: fixed`, the default) f*_t = f* is one number, so
+r_T = f* − max_t E[y | a_t]; for a system that drifts (`reward.optimum: per_round`) f*_t is the
+optimum of round t, stated by that round's oracle message, and R_T is the dynamic regret.
 On a real system neither is known; the agent then exports a model-based estimate under its own
 name, `cbo_regret_model_estimate`: the running sum over rounds of max(0, UCB(best candidate) −
 LCB(chosen action)) of E[reward | do(a)], computed from the experiment's own model (the node GPs,
@@ -25,18 +28,27 @@ from core.spec import ExperimentSpec
 class RegretTracker:
     """Rewards, oracle values and regret of one experiment.
 
-    `expected` holds the oracle values of the rounds in memory (a bounded experiment retires
-    rounds, `agent.retire`, and `forget`s theirs); the regret is kept in running sums over
-    every value observed, so it costs O(1) a round and forgets nothing.
+    `optimum` is the optimum last accepted; `optima` every round's (round -> f*_t). With one
+    optimum per experiment (`reward.optimum: fixed`) every round's regret is taken against
+    `optimum`, as the checks keep it one number (`agent.join.oracle_problem`); per round
+    (`per_round`), against the round's own.
+
+    `expected` and `optima` hold the rounds in memory (a bounded experiment retires rounds,
+    `agent.retire`, and `forget`s theirs); the regret is kept in running sums over every value
+    observed, so it costs O(1) a round and forgets nothing.
     """
 
     def __init__(self, spec: ExperimentSpec) -> None:
         self.spec = spec
+        self.per_round = spec.reward.optimum == "per_round"
         self.expected: dict[int, float] = {}
+        self.optima: dict[int, float] = {}
         self.oracle_count = 0  # oracle values observed, forgotten ones included
         self._expected_sum = 0.0
-        self._gaps = 0.0  # Σ (optimum − E[y | a_t]) under the optimum in force
-        self._best_expected = -math.inf
+        # Σ_t (f* − E[y_t | a_t]) under the optimum in force (fixed), or Σ_t (f*_t − E[y_t | a_t])
+        self._gaps = 0.0
+        self._best_expected = -math.inf  # fixed: max_t E[y_t | a_t]
+        self._least_gap = math.inf  # per round: min_t (f*_t − E[y_t | a_t])
         self.optimum: float | None = None
         self.last_reward: float | None = None
         self.last_reward_round: int | None = None
@@ -57,7 +69,10 @@ class RegretTracker:
     def simple(self) -> float | None:
         if not self.has_oracle:
             return None
-        return self.optimum - self._best_expected
+        if not self.per_round:
+            return self.optimum - self._best_expected
+        # the best round's regret: with one optimum, f* − max_t E[y | a_t] again
+        return self._least_gap
 
     def observe_reward(self, round_number: int, reward: float) -> None:
         self.last_reward = reward
@@ -69,20 +84,23 @@ class RegretTracker:
         if round_number in self.expected:
             return False
         self.expected[round_number] = expected
-        if optimum != self.optimum and self.oracle_count:
-            # the sum is over every round under the optimum in force (oracle_problem lets it
-            # move by a simulator's slack only): the earlier rounds' terms again, under this one
+        self.optima[round_number] = optimum
+        if not self.per_round and optimum != self.optimum and self.oracle_count:
+            # one optimum: the sum is over every round under the optimum in force (the checks
+            # let it move by a simulator's slack only), the earlier rounds' terms again
             self._gaps = self.oracle_count * optimum - self._expected_sum
         self.optimum = optimum
         self._gaps += optimum - expected
         self._expected_sum += expected
         self.oracle_count += 1
         self._best_expected = max(self._best_expected, expected)
+        self._least_gap = min(self._least_gap, optimum - expected)
         return True
 
     def forget(self, round_number: int) -> None:
-        """A retired round's value leaves memory; the sums keep it."""
+        """A retired round's values leave memory; the sums keep them."""
         self.expected.pop(round_number, None)
+        self.optima.pop(round_number, None)
 
     def add_upper_increment(self, ucb_best: float, lcb_chosen: float) -> None:
         """One round's model-based regret term, UCB at the best candidate − LCB at the choice
