@@ -13,6 +13,7 @@ the work behind each verb is done by a collaborator, a module of functions over 
     due, next_deadline       agent.timers     timeouts, from a lower bound on the earliest timer
     (on construction)        agent.recovery   rebuild from the store
     (every step)             agent.telemetry  metrics and `RoundEvent`s
+    (round done, bounded)    agent.retire     a closed round leaves memory; the store keeps it
 
 The round lifecycle is drawn in `agent.rounds`.
 """
@@ -20,6 +21,7 @@ The round lifecycle is drawn in `agent.rounds`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -29,6 +31,7 @@ import torch
 from agent import acks, decide, join, recovery, telemetry, timers
 from agent.acks import BUSY
 from agent.regret import RegretTracker
+from agent.retire import RoundBook, is_closed_complete, stand_in_readings
 from agent.rounds import EventSink, LiveRound, RoundEvent, RoundStatus, Verdict
 from agent.timers import OpenRounds
 from connectors.metrics import AgentMetrics
@@ -120,7 +123,12 @@ class Experiment:
         if seed is None:
             seed = spec.initial_design.seed
         self.rng = torch.Generator().manual_seed(seed)
-        self.rounds: dict[int, LiveRound] = {}
+        # The rounds in memory: every one, or — a bounded model — those not retired yet
+        # (`agent.retire`); round numbers come from a counter, not from the keys
+        self.rounds = RoundBook(self._is_retired, self._stand_in)
+        self._next_round = 0
+        self.retiring = spec.model.capacity is not None
+        self._oracles_expected = any(device.oracle for device in spec.served_by)
         self.open = OpenRounds(spec.schedule)  # the rounds not closed yet, and their timers
         self.acks_in = acks.AckArrivals()  # received, not yet handled: no expiry for their rounds
         # held by the driver while a worker thread changes the model (a batch learned, a
@@ -134,6 +142,8 @@ class Experiment:
         recovery.check_same_experiment(self)
         store.upsert_experiment(self.name, spec.model_dump(mode="json", by_alias=True))
         recovery.recover(self)
+        for live in list(self.rounds.values()):  # recovered rounds already done leave memory
+            self.maybe_retire(live)
         schedule = spec.schedule
         if schedule.max_rounds is not None:
             # the node GPs' buffers grow now, not in the middle of a batch of readings
@@ -142,7 +152,8 @@ class Experiment:
     # ------------------------------------------------------------------ state
     @property
     def next_round(self) -> int:
-        return max(self.rounds, default=-1) + 1
+        """The number the next proposal gets: one past the highest round tracked (O(1))."""
+        return self._next_round
 
     @property
     def open_rounds(self) -> list[LiveRound]:
@@ -260,10 +271,28 @@ class Experiment:
 
     def on_readings(self, readings: Iterable[Reading]) -> list[Verdict]:
         """Join a batch of readings: store them, then update the model once per round."""
-        return join.on_readings(self, readings)
+        readings = list(readings)
+        verdicts = join.on_readings(self, readings)
+        if self.retiring:  # a late reading may have completed a round closed by its timeout
+            for number in {reading.round for reading in readings}:
+                live = dict.get(self.rounds, number)  # in memory only: no stand-in
+                if live is not None:
+                    self.maybe_retire(live)
+        return verdicts
 
     def on_oracle(self, oracle: Oracle) -> Verdict:
-        return join.on_oracle(self, oracle)
+        if self._is_retired(oracle.round):
+            # a retired round's oracle value is in (it retires no sooner): a duplicate, as
+            # the tracker said while it held the value, or another action's id
+            live = self.rounds.get(oracle.round)
+            if live is None or live.action.action_id != oracle.action_id:
+                return Verdict("rejected", "unknown_round")
+            return Verdict("duplicate")
+        verdict = join.on_oracle(self, oracle)
+        live = dict.get(self.rounds, oracle.round)
+        if verdict.outcome == "accepted" and live is not None:
+            self.maybe_retire(live)
+        return verdict
 
     def due(self, now: float) -> list[Action]:
         """Handle timeouts: actions to re-publish now (closed or expired rounds are handled);
@@ -278,6 +307,7 @@ class Experiment:
     def track(self, live: LiveRound) -> None:
         """Keep a round just proposed or recovered (an open one among the open rounds too)."""
         self.rounds[live.number] = live
+        self._next_round = max(self._next_round, live.number + 1)
         if live.action.expires_at is not None:
             live.expires_tick = self.tick_of(live.action.expires_at)
         if live.is_open:
@@ -300,6 +330,58 @@ class Experiment:
         reward = live.readings.get(self.model.reward_node)
         live.log.info("round.closed", why=why, missing=missing or None, reward=reward)
         telemetry.closed(self, live, now, why)
+        self.maybe_retire(live)
+
+    # ------------------------------------------------------------------ retired rounds
+    def maybe_retire(self, live: LiveRound) -> bool:
+        """A bounded model's round leaves memory once nothing can still arrive for it: closed
+        with every reading in, and its oracle value in (or no device sends one). The store
+        keeps it; the model may forget its row (`agent.retire`). Whether it retired."""
+        if not self.retiring or live.number not in self.rounds:
+            return False
+        if not is_closed_complete(live, self.model.reported):
+            return False
+        if self._oracles_expected and live.number not in self.regret.expected:
+            return False
+        self.rounds.retire(live.number)
+        self.regret.forget(live.number)
+        self.model.release_round(live.model_round)
+        return True
+
+    def _is_retired(self, number: int) -> bool:
+        """Whether a round number not in memory is one this experiment ran and retired."""
+        return self.retiring and 0 <= number < self._next_round and number not in self.rounds
+
+    def _stand_in(self, number: int) -> LiveRound | None:
+        """A retired round as its messages' checks see it, from the store (`agent.retire`)."""
+        row = self.store.get_round(self.name, number)
+        if row is None:
+            return None
+        action = Action(
+            experiment=self.name,
+            round=row.round,
+            action_id=row.action_id,
+            intervention=row.intervention,
+            kind=row.kind,
+            issued_at=row.proposed_at,
+            attempt=max(row.attempt, 1),
+            expires_at=row.expires_at,
+            vectors=decide.packed_vectors(self.spec),
+        )
+        return LiveRound(
+            number=row.round,
+            action=action,
+            target_set=tuple(row.target_set),
+            cost=row.cost,
+            acquisition=math.nan,
+            policy="(retired)",
+            model_round=-1,
+            status=RoundStatus(row.status),
+            proposed_at=row.proposed_at,
+            acked_at=self.tick_of(row.status_at),
+            closed_at=self.tick_of(row.status_at),
+            readings=stand_in_readings(list(self.model.inputs)),
+        )
 
     def end_round(self, live: LiveRound, status: RoundStatus, now: float, why: str) -> None:
         """A round that will not close (rejected, expired): its reservation is released; `now`

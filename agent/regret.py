@@ -32,6 +32,10 @@ class RegretTracker:
     optimum per experiment (`reward.optimum: fixed`) every round's regret is taken against
     `optimum`, as the checks keep it one number (`agent.join.oracle_problem`); per round
     (`per_round`), against the round's own.
+
+    `expected` and `optima` hold the rounds in memory (a bounded experiment retires rounds,
+    `agent.retire`, and `forget`s theirs); the regret is kept in running sums over every value
+    observed, so it costs O(1) a round and forgets nothing.
     """
 
     def __init__(self, spec: ExperimentSpec) -> None:
@@ -39,6 +43,12 @@ class RegretTracker:
         self.per_round = spec.reward.optimum == "per_round"
         self.expected: dict[int, float] = {}
         self.optima: dict[int, float] = {}
+        self.oracle_count = 0  # oracle values observed, forgotten ones included
+        self._expected_sum = 0.0
+        # Σ_t (f* − E[y_t | a_t]) under the optimum in force (fixed), or Σ_t (f*_t − E[y_t | a_t])
+        self._gaps = 0.0
+        self._best_expected = -math.inf  # fixed: max_t E[y_t | a_t]
+        self._least_gap = math.inf  # per round: min_t (f*_t − E[y_t | a_t])
         self.optimum: float | None = None
         self.last_reward: float | None = None
         self.last_reward_round: int | None = None
@@ -47,24 +57,22 @@ class RegretTracker:
 
     @property
     def has_oracle(self) -> bool:
-        return self.optimum is not None and bool(self.expected)
+        return self.optimum is not None and self.oracle_count > 0
 
     @property
     def cumulative(self) -> float | None:
         if not self.has_oracle:
             return None
-        if not self.per_round:
-            return sum(self.optimum - value for value in self.expected.values())
-        return sum(self.optima[t] - value for t, value in self.expected.items())
+        return self._gaps
 
     @property
     def simple(self) -> float | None:
         if not self.has_oracle:
             return None
         if not self.per_round:
-            return self.optimum - max(self.expected.values())
+            return self.optimum - self._best_expected
         # the best round's regret: with one optimum, f* − max_t E[y | a_t] again
-        return min(self.optima[t] - value for t, value in self.expected.items())
+        return self._least_gap
 
     def observe_reward(self, round_number: int, reward: float) -> None:
         self.last_reward = reward
@@ -77,8 +85,22 @@ class RegretTracker:
             return False
         self.expected[round_number] = expected
         self.optima[round_number] = optimum
+        if not self.per_round and optimum != self.optimum and self.oracle_count:
+            # one optimum: the sum is over every round under the optimum in force (the checks
+            # let it move by a simulator's slack only), the earlier rounds' terms again
+            self._gaps = self.oracle_count * optimum - self._expected_sum
         self.optimum = optimum
+        self._gaps += optimum - expected
+        self._expected_sum += expected
+        self.oracle_count += 1
+        self._best_expected = max(self._best_expected, expected)
+        self._least_gap = min(self._least_gap, optimum - expected)
         return True
+
+    def forget(self, round_number: int) -> None:
+        """A retired round's values leave memory; the sums keep them."""
+        self.expected.pop(round_number, None)
+        self.optima.pop(round_number, None)
 
     def add_upper_increment(self, ucb_best: float, lcb_chosen: float) -> None:
         """One round's model-based regret term, UCB at the best candidate − LCB at the choice
@@ -143,7 +165,7 @@ def _enough_rewards(model: NetworkModel) -> bool:
     and a network of array nodes only has none at all)."""
     reward = model.reward_node
     if model.field_reward is not None or not model.order:
-        return len(model.observed_rewards) >= 2
+        return model.reward_count >= 2
     counts = model.gp.num_observations.tolist()
     learners = [model.member[reward]] if reward in model.member else list(model.member.values())
     return min(counts[j] for j in learners) >= 2

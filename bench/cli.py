@@ -314,7 +314,8 @@ def _stream(args: argparse.Namespace) -> int:
     if args.service:
         return _stream_service(args)
     service_only = {"--time-limit": args.time_limit is not None, "--pipeline": args.pipeline != 1,
-                    "--store": args.store is not None}  # fmt: skip
+                    "--store": args.store is not None,
+                    "--every": args.every is not None}  # fmt: skip
     if any(service_only.values()):
         option = next(o for o, given in service_only.items() if given)
         print(f"cbo-agent bench stream: error: {option} is for --service runs", file=sys.stderr)
@@ -370,6 +371,7 @@ def _stream_service(args: argparse.Namespace) -> int:
         pipeline=args.pipeline,
         time_limit_s=args.time_limit,
         store_path=args.store,
+        every=args.every,
     )
     return 0
 
@@ -465,6 +467,12 @@ def _add_stream(which: argparse._SubParsersAction) -> None:
         type=float,
         metavar="SECONDS",
         help="with --service: end the run after this long (the checkpoints reached are kept)",
+    )
+    stream.add_argument(
+        "--every",
+        type=positive_int,
+        metavar="K",
+        help="with --service: a checkpoint every K rounds too (for the RSS slope per round)",
     )
     stream.set_defaults(handler=_stream)
 

@@ -177,6 +177,12 @@ class ServiceWindow:
     refits_installed: int
     fit_rss_mb: float | None  # the agent's fit process (None: not running)
     load_average: float  # 1-minute, at the checkpoint
+    # the agent's per-round records in memory at the checkpoint: `Experiment.rounds`, the
+    # model's history (`len` where it is a plain list, before issue 22's bound) and the
+    # rewards it keeps (`NetworkModel.observed_rewards`)
+    rounds_held: int = 0
+    history_held: int = 0
+    rewards_held: int = 0
 
 
 class _Recorder:
@@ -247,6 +253,9 @@ class _Recorder:
                 refits_installed=installed,
                 fit_rss_mb=_fit_rss_mb(self.service),
                 load_average=os.getloadavg()[0],
+                rounds_held=len(exp.rounds),
+                history_held=getattr(exp.model.history, "held", len(exp.model.history)),
+                rewards_held=len(exp.model.observed_rewards),
             )
         )
         self.latencies = []
@@ -319,13 +328,18 @@ def run(
     time_limit_s: float | None = None,
     store_path: Path | None = None,
     console: Console | None = None,
+    every: int | None = None,
 ) -> tuple[list[Checkpoint], list[ServiceWindow]]:
     """Feed `rounds` readings per node through the agent; print and save the checkpoints (at
     every one, when `json_path` is given). `time_limit_s` ends the run early (what was
-    measured stays); `store_path` keeps the agent's store (SQLite) there, a new file."""
+    measured stays); `store_path` keeps the agent's store (SQLite) there, a new file; `every`
+    adds a checkpoint every that many rounds (the agent's RSS per round needs more points than
+    the geometric ladder gives)."""
     console = console or wide_console()
     spec = stream_spec(rounds, batch, dim, capacity, budget, pipeline)
     marks = checkpoints(rounds, capacity)
+    if every is not None:
+        marks = sorted({*marks, *range(every, rounds, every)})
     shipped = shipped_broker()
     began = time.perf_counter()
     recorder: _Recorder | None = None
@@ -346,6 +360,7 @@ def run(
                 "budget": budget,
                 "seed": seed,
                 "pipeline": pipeline,
+                "every": every,
                 "seconds": time.perf_counter() - began,
                 "reached": recorder.n,  # readings per node learned when this was written
                 "broker": shipped.describe(),

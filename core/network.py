@@ -20,6 +20,7 @@ draws the field from its posterior — S Matheron sample paths on fixed base sam
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 import time
@@ -45,6 +46,7 @@ from core.gp.field import (
     FieldSamples,
 )
 from core.gp.refit import RefitJob, RefitResult
+from core.history import History
 from core.reward import RewardFunction
 from core.spec import ExperimentSpec
 
@@ -52,6 +54,9 @@ Intervention = Mapping[str, float]
 # node -> value; an array node's value is its array (numpy or torch, the node's shape)
 Readings = Mapping[str, Any]
 _MIN_VARIANCE = 1e-24  # output units²; see `NetworkModel.node_posterior`
+# The fewest released rounds a bounded model's history holds (`core.history`): at least a
+# pipeline's worth (64, `schedule.pipeline`'s most) and what the regret estimate reads.
+HISTORY_MIN = 64
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,8 @@ class Round:
     replications: dict[str, int] = field(default_factory=dict)
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)  # array nodes' readings
     index: int = 0  # its place in the history: the round a time-aware model sees
+    rewarded: bool = False  # its reward is counted in the model's reward aggregates
+    in_flat: bool = False  # the flat GP (GP-UCB's) has learned its reward
 
 
 class FieldDraws:
@@ -219,9 +226,17 @@ class NetworkModel:
         self.period: float | None = spec.model.period
         self._bounds = self._input_bounds()
         self.gp = make_gp(self._bounds, self._gp_config(), dims=self._dims())
-        self.history: list[Round] = []
+        # Every round (an exact model), or — bounded by `model.capacity` — the rounds not
+        # released yet and the newest released ones (`core.history`, `release_round`)
+        self.history = History(self._history_keep())
+        # The rewards read so far, kept as they arrive rather than scanned from the history
+        # at every call: their count and best, and their values in round order (a bounded
+        # model: those of the newest `history.keep` rounds with one)
+        self.reward_count = 0
+        self.best_reward = -math.inf
+        self._rewards: list[float] = []
+        self._reward_rounds: list[int] = []
         self._flat: IncrementalGP | None = None  # actions -> reward, built on first use
-        self._flat_rounds: set[int] = set()  # rounds the flat GP has learned
 
     # ------------------------------------------------------------------ structure
     @property
@@ -259,6 +274,20 @@ class NetworkModel:
             return [t]
         phase = 2.0 * math.pi * math.fmod(t, self.period) / self.period
         return [t, math.cos(phase), math.sin(phase)]
+
+    def _history_keep(self) -> int | None:
+        """How many released rounds the history holds: None (all) unless the node GPs are
+        bounded (`model.capacity`) and no array node's field model (never bounded: it builds
+        from the history) needs them; else the capacity, at least HISTORY_MIN."""
+        capacity = self.spec.model.capacity
+        if capacity is None or self.array_shapes:
+            return None
+        return max(capacity, HISTORY_MIN)
+
+    def release_round(self, round_index: int) -> None:
+        """Nothing more can arrive for this round (its readings are in, it is retired): a
+        bounded model's history may forget it (`core.history`); an exact one keeps it."""
+        self.history.release(round_index)
 
     @property
     def now(self) -> int:
@@ -387,8 +416,9 @@ class NetworkModel:
     def start_round(self, intervention: Intervention) -> int:
         """Record an intervention about to be applied; returns its round index."""
         index = len(self.history)
-        self.history.append(Round({k: float(v) for k, v in intervention.items()}, index=index))
-        return index
+        return self.history.append(
+            Round({k: float(v) for k, v in intervention.items()}, index=index)
+        )
 
     def observe(self, round_index: int, readings: Readings, *, refit: bool = True) -> LearnReport:
         """Add readings to a round; every node whose row is now complete learns, in one call.
@@ -462,6 +492,22 @@ class NetworkModel:
                 raise ValueError(f"reading of {node} is not finite: {value}")
             record.readings[node] = value
         self._compose_reward(record)
+        if not record.rewarded and self.reward_node in record.readings:
+            self._count_reward(record)
+
+    def _count_reward(self, record: Round) -> None:
+        """A round's reward has arrived (read, or composed): into the running aggregates, its
+        value among the others in round order (readings mostly come in order: an append)."""
+        value = record.readings[self.reward_node]
+        record.rewarded = True
+        self.reward_count += 1
+        self.best_reward = max(self.best_reward, value)
+        at = bisect.bisect(self._reward_rounds, record.index)
+        self._reward_rounds.insert(at, record.index)
+        self._rewards.insert(at, value)
+        keep = self.history.keep
+        if keep is not None and len(self._rewards) > keep:
+            del self._reward_rounds[0], self._rewards[0]
 
     def _admit_array(self, record: Round, node: str, value: Any) -> None:
         """An array reading: checked against the node's shape, kept in `record.arrays` (its
@@ -671,9 +717,10 @@ class NetworkModel:
 
     @property
     def observed_rewards(self) -> list[float]:
-        return [
-            r.readings[self.reward_node] for r in self.history if self.reward_node in r.readings
-        ]
+        """The rewards read so far, in round order: every one (an exact model), or those of
+        the newest rounds a bounded history holds — `reward_count` and `best_reward` count all.
+        Kept as they arrive (O(1) per call); the caller must not change the list."""
+        return self._rewards
 
     # ------------------------------------------------------------------ pending rounds
     def add_pending(self, intervention: Intervention, round_index: int | None = None) -> int:
@@ -1042,19 +1089,21 @@ class NetworkModel:
         return self.with_round(self._flat_encode(actions, set_actions), record.index)
 
     def _flat_learn_history(self) -> None:
-        rounds = [i for i, r in enumerate(self.history) if self.reward_node in r.readings]
-        if not rounds:
+        """The history's rewards, learned at once (a bounded history: the rounds it holds)."""
+        records = [r for r in self.history if self.reward_node in r.readings and not r.in_flat]
+        if not records:
             return
-        x = torch.stack([self._flat_row(self.history[i]) for i in rounds]).unsqueeze(0)
-        y = [[self.history[i].readings[self.reward_node] for i in rounds]]
+        x = torch.stack([self._flat_row(r) for r in records]).unsqueeze(0)
+        y = [[r.readings[self.reward_node] for r in records]]
         self._flat.learn_many(x, torch.tensor(y, dtype=self.dtype, device=self.device))
-        self._flat_rounds.update(rounds)
+        for record in records:
+            record.in_flat = True
 
     def _flat_learn(self, round_index: int, refit: bool) -> None:
         record = self.history[round_index]
-        if round_index in self._flat_rounds or self.reward_node not in record.readings:
+        if record.in_flat or self.reward_node not in record.readings:
             return
         x = self._flat_row(record).unsqueeze(0)
         y = torch.tensor([record.readings[self.reward_node]], dtype=self.dtype, device=self.device)
         self._flat.learn_one(x, y, refit=refit)
-        self._flat_rounds.add(round_index)
+        record.in_flat = True

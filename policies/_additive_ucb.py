@@ -126,10 +126,10 @@ class AdditiveUCB:
     def sync(self, model: NetworkModel) -> int:
         """Learn every round of the history with a reward not learned yet; returns how many."""
         reward = model.reward_node
-        new = [
-            i
-            for i, record in enumerate(model.history)
-            if i not in self._learned and reward in record.readings
+        new = [  # by the round's index: a bounded model's history holds its newest rounds only
+            record.index
+            for record in model.history
+            if record.index not in self._learned and reward in record.readings
         ]
         # One new round: appended (and refit on schedule). Many (the first call, a restart's
         # replayed history): appended without refits, then one refit.

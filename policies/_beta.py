@@ -58,7 +58,7 @@ def beta_at(beta: float, schedule: BetaSchedule | None, model: NetworkModel) -> 
     if schedule.kind == "paper003":
         spec = model.spec
         raw = paper_beta(
-            len(model.observed_rewards) + 1,
+            model.reward_count + 1,
             domain_size=None if spec.candidates is None else len(spec.candidates),
             dim=len(spec.actions),
             components=1,
@@ -66,7 +66,7 @@ def beta_at(beta: float, schedule: BetaSchedule | None, model: NetworkModel) -> 
             delta=schedule.delta,
         )
         return math.sqrt(schedule.scale * raw)
-    t = max(len(model.observed_rewards), 1)
+    t = max(model.reward_count, 1)
     return beta * math.sqrt(1.0 + schedule.rate * math.log(t))
 
 

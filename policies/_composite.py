@@ -77,8 +77,7 @@ class CompositeProblem(Problem):
             settings.mc_samples, len(model.order), seed, dtype=self.dtype, device=self.device
         )
         self.normals = {node: normals[:, j, None] for j, node in enumerate(model.order)}
-        rewards = model.observed_rewards
-        self.best = max(rewards) if rewards else None
+        self.best = model.best_reward if model.reward_count else None
 
     def reward_samples(self, actions: torch.Tensor) -> torch.Tensor:
         """(b, A) action vectors -> (S, b) reward samples; differentiable in the actions."""

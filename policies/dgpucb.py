@@ -96,7 +96,7 @@ class _DecomposedUCB(Problem):
         if settings.beta_mode == "constant":
             return settings.beta
         spec = self.model.spec
-        t = len(self.model.observed_rewards) + 1
+        t = self.model.reward_count + 1
         raw = paper_beta(
             t,
             domain_size=None if spec.candidates is None else len(spec.candidates),

@@ -110,7 +110,7 @@ class _EIFNProblem(Problem):
         )
         self.upkeep_seconds = 0.0 if self.fields is None else self.fields.fit_seconds
         rewards = model.observed_rewards
-        self.best_f = max(rewards) if rewards else -math.inf
+        self.best_f = model.best_reward  # every reward's best (-inf before any)
         self.log_ei = self.settings.log_ei and not self.settings.cost_aware
         spread = torch.tensor(rewards, dtype=self.dtype).std().item() if len(rewards) > 1 else 1.0
         self.tau = TAU_RELU * (spread if math.isfinite(spread) and spread > 0 else 1.0)

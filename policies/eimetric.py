@@ -35,8 +35,7 @@ class _EIMetricProblem(Problem):
     def __init__(self, policy: SearchPolicy, model: NetworkModel, seed: int) -> None:
         super().__init__(policy, model, seed)
         self.gp = model.flat_model()
-        rewards = model.observed_rewards
-        self.best = max(rewards) if rewards else None
+        self.best = model.best_reward if model.reward_count else None
 
     def log_ei(self, actions: torch.Tensor, set_actions: tuple[str, ...]) -> torch.Tensor:
         """(b, A) -> (b,) log EI of the flat GP (its mean before any reward is observed)."""

@@ -196,6 +196,26 @@ def test_stream_through_the_service_on_a_real_broker(tmp_path):
     assert result["flat_after_budget"]["rss_mb"] >= 1.0  # one settled window: 40 -> 60
 
 
+def test_the_agents_per_round_records_stop_growing_past_the_capacity_on_a_real_broker(tmp_path):
+    """Issue 22 through the service: past the capacity a round leaves the agent's memory when
+    it closes (the store keeps it) and the model holds its newest max(capacity, 64) rounds, so
+    the records in memory are as many at 300 rounds as at 100; `--every` adds the checkpoints."""
+    path = tmp_path / "service.json"
+    code = main(["bench", "stream", "--service", "--rounds", "300", "--capacity", "20",
+                 "--budget", "10", "--nodes", "2", "--dim", "2", "--every", "50",
+                 "--time-limit", "400", "--json", str(path)])  # fmt: skip
+    assert code == 0
+    result = json.loads(path.read_text())
+    assert result["reached"] == 300 and result["every"] == 50
+    windows = {w["n"]: w for w in result["windows"]}
+    assert sorted(windows) == [20, 40, 50, 100, 150, 200, 250, 300]
+    for n in (100, 150, 200, 250, 300):
+        # at most the round in flight and the one closing; the history's window; its rewards
+        assert windows[n]["rounds_held"] <= 2, windows[n]
+        assert 64 <= windows[n]["history_held"] <= 66, windows[n]
+        assert windows[n]["rewards_held"] == 64, windows[n]
+
+
 def test_stream_service_options_are_refused_where_they_do_not_apply(tmp_path, capsys):
     path = str(tmp_path / "s.json")
     assert main(["bench", "stream", "--service", "--resume", "--json", path]) == 2

@@ -322,7 +322,7 @@ def test_observe_many_equals_sequential_observe(data):
     for mine, ref in zip(node_posteriors(ours, 7), node_posteriors(theirs, 7), strict=True):
         torch.testing.assert_close(mine, ref, rtol=1e-9, atol=1e-12)
     if ours._flat is not None:  # learned round by round, in the same order
-        assert ours._flat_rounds == theirs._flat_rounds
+        assert [r.in_flat for r in ours.history] == [r.in_flat for r in theirs.history]
         assert torch.equal(ours._flat.member_data(0)[0], theirs._flat.member_data(0)[0])
         xq = torch.rand(1, 4, ours.flat_dim, generator=gen, dtype=torch.float64)
         torch.testing.assert_close(
