@@ -38,8 +38,20 @@ def device_info(device: str) -> dict[str, str]:
 
 
 def write_json(path: Path, payload: Any) -> None:
+    """Strict JSON: a float that is not finite (a metric an environment has none of, such as
+    the regret of one without an oracle optimum) is written as null."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, allow_nan=False, default=_jsonable))
+    path.write_text(json.dumps(_finite(payload), indent=2, allow_nan=False, default=_jsonable))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:
