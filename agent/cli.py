@@ -9,8 +9,11 @@ level when --log-level is not given.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib.metadata
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -652,6 +655,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     args = line.parser.parse_args(argv)
+    # `kill -USR1 PID` prints every thread's stack to stderr and the process goes on: how to
+    # see where a service that does not answer or does not stop is waiting
+    # (not where stderr is no file: captured, embedded)
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     level = args.log_level or getattr(args, "default_log_level", "info")
     configure_logging(level, args.log_format or "auto")
     handler: Handler = args.handler

@@ -40,13 +40,31 @@ from policies.base import Policy
 from policies.random_search import RandomPolicy
 from policies.registry import make_policy
 
-# The most the node GPs' factors may take when an experiment with `schedule.max_rounds` makes
-# room for all its rows at the start (`NetworkModel.reserve_rounds`); past it they grow as
-# they fill, a spare made beside the learning (`agent.runtime`) taking most of each growth.
-RESERVE_BYTES = 512 * 2**20
+# The most the node GPs' factors of one process may take when its experiments with
+# `schedule.max_rounds` make room for all their rows at the start (`NetworkModel.reserve_rounds`);
+# a process with several experiments gives each its share (`reserve_share`), so a fleet replica
+# of 100 does not reserve 100 times this. Past its share an experiment's buffers grow as they
+# fill, a spare made beside the learning (`agent.runtime`) taking most of each growth.
+RESERVE_BYTES = 256 * 2**20
+
+
+def reserve_share(experiments: int) -> int:
+    """Bytes of factor one of `experiments` experiments in a process may reserve at its start."""
+    return RESERVE_BYTES // max(1, experiments)
+
 
 # The round types are re-exported: code written before the split imports them from here.
-__all__ = ["BUSY", "EventSink", "Experiment", "LiveRound", "RoundEvent", "RoundStatus", "Verdict"]
+__all__ = [
+    "BUSY",
+    "RESERVE_BYTES",
+    "EventSink",
+    "Experiment",
+    "LiveRound",
+    "RoundEvent",
+    "RoundStatus",
+    "Verdict",
+    "reserve_share",
+]
 
 
 class Experiment:
@@ -64,6 +82,9 @@ class Experiment:
         background_refits: the model only appends rows when it learns; refits wait for the
             caller to run them beside it (the service does, `agent.refits`). False: they run
             inside `on_readings`.
+        reserve_bytes: the most the node GPs' factors may reserve at the start for an
+            experiment with `schedule.max_rounds` (a process's `RESERVE_BYTES`, or its share
+            of it: `reserve_share`).
     """
 
     def __init__(
@@ -78,6 +99,7 @@ class Experiment:
         on_event: EventSink | None = None,
         device: str = "cpu",
         background_refits: bool = False,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -115,7 +137,7 @@ class Experiment:
         schedule = spec.schedule
         if schedule.max_rounds is not None:
             # the node GPs' buffers grow now, not in the middle of a batch of readings
-            self.model.reserve_rounds(schedule.max_rounds, schedule.pipeline, RESERVE_BYTES)
+            self.model.reserve_rounds(schedule.max_rounds, schedule.pipeline, reserve_bytes)
 
     # ------------------------------------------------------------------ state
     @property

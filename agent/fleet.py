@@ -59,7 +59,7 @@ import structlog
 
 from agent.config import AgentConfig
 from agent.control_topic import answer
-from agent.experiment import Experiment
+from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, LiveRound, RoundStatus
 from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
@@ -399,6 +399,8 @@ class FleetService(AgentService):
                 on_event=self.on_event,
                 device=self.config.device,
                 background_refits=self.background_refits,
+                # a replica may hold `capacity` experiments: each reserves its share only
+                reserve_bytes=reserve_share(self.settings.capacity),
             )
         except FencedError as error:
             return f"fenced while loading: {error}"

@@ -366,10 +366,12 @@ def oracle_problem(exp: Experiment, expected: float, optimum: float) -> str:
     """A reason to refuse oracle values that break their own definition, else ''.
 
     The optimum is the maximum of E[y | a] over every admissible action, so no action's
-    expected reward lies above it (beyond ORACLE_SLACK, for a simulator's numerical search),
-    and it is one number for the whole experiment. Both are values of the reward node, so they
-    are held to its plausible range like a reading (`implausible`). (Non-finite numbers never
-    get this far: the schema refuses them.)
+    expected reward lies above it (beyond ORACLE_SLACK, for a simulator's numerical search).
+    For a stationary system (`reward.optimum: fixed`) it is one number for the whole
+    experiment; for one declared to drift (`per_round`) it is the message's own round's, so it
+    may differ from round to round and each round's E[y] is held to its own. Both are values
+    of the reward node, so they are held to its plausible range like a reading
+    (`implausible`). (Non-finite numbers never get this far: the schema refuses them.)
     """
     reward = exp.spec.reward.node
     if implausible(exp.spec, reward, expected) or implausible(exp.spec, reward, optimum):
@@ -378,7 +380,7 @@ def oracle_problem(exp: Experiment, expected: float, optimum: float) -> str:
         return "out_of_range"
     if expected > optimum + ORACLE_SLACK * max(1.0, abs(optimum)):
         return "oracle_above_optimum"
-    known = exp.regret.optimum
+    known = None if exp.regret.per_round else exp.regret.optimum
     if known is not None and abs(optimum - known) > ORACLE_SLACK * max(1.0, abs(known)):
         return "oracle_optimum_changed"
     return ""

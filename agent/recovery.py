@@ -23,7 +23,7 @@ from connectors.store import RoundRow, Snapshot
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["STRUCTURAL_FIELDS", "check_same_experiment", "recover"]
+__all__ = ["STRUCTURAL_FIELDS", "check_same_experiment", "recover", "start_windows"]
 
 # Parts of a spec that define what the stored data mean; a restart may change the rest.
 STRUCTURAL_FIELDS = (
@@ -37,11 +37,20 @@ STRUCTURAL_FIELDS = (
 )
 
 
+# Structural fields added since experiments were first stored, with the value a spec stored
+# before them meant: (section, field) -> value.
+_ADDED_DEFAULTS = {("reward", "optimum"): "fixed"}
+
+
 def check_same_experiment(exp: Experiment) -> None:
     """Refuse to continue a stored experiment whose graph or model the spec has changed."""
     stored = exp.store.experiment_spec(exp.name)
     if stored is None:
         return
+    stored = dict(stored)
+    for (section, field), value in _ADDED_DEFAULTS.items():
+        if isinstance(stored.get(section), dict) and field not in stored[section]:
+            stored[section] = {**stored[section], field: value}
     current = exp.spec.model_dump(mode="json", by_alias=True)
     changed = [key for key in STRUCTURAL_FIELDS if stored.get(key) != current.get(key)]
     if changed:
@@ -57,7 +66,9 @@ def recover(exp: Experiment) -> None:
     if not rows:
         return
     # Timers ran while the agent was down; they restart now, so that what the broker queued for
-    # this session (acks, readings) is read before a round can expire or time out.
+    # this session (acks, readings) is read before a round can expire or time out — and an
+    # unacknowledged round's expiry window starts again with the first broker session
+    # (`start_windows`): its ack may be queued for a session this life does not have yet.
     now = exp.clock()
     with exp.store.transaction():
         expiries = _renew_expiries(exp, rows, now)
@@ -91,13 +102,49 @@ def recover(exp: Experiment) -> None:
     )
 
 
+def start_windows(exp: Experiment) -> list[int]:
+    """Start the expiry windows of the recovered, unacknowledged rounds: this life's first
+    broker session is up, its subscriptions acknowledged, so the acks the broker queued for
+    the agent while it was down can arrive now (the runtime calls this then; worker thread).
+    Returns the rounds whose windows started.
+
+    Until then none of those rounds' timers runs (`LiveRound.awaits_session`, `agent.timers`):
+    a window started at recovery could run out before the session that delivers the queued
+    ack exists (a broker slow to answer, a connection retried), the round then expire — its
+    reservation released and another round afforded — and the ack come after it, an
+    overspend. Each window is now + `ack_window`, stored before the action goes out again with
+    it (on the session's "reconnected", or a proposed round's first publication); never
+    earlier than the one recovery gave it (`_renew_expiries`: moving an expiry later only
+    makes the agent wait longer).
+    """
+    held = [live for live in exp.open_rounds if live.awaits_session]
+    if not held:
+        return []
+    fresh = exp.clock() + ack_window(exp.spec.schedule)
+    with exp.store.transaction():
+        for live in held:
+            if live.action.expires_at is None or live.action.expires_at < fresh:
+                exp.store.set_expires_at(exp.name, live.number, fresh)
+                live.action = live.action.model_copy(update={"expires_at": fresh})
+                live.expires_tick = exp.tick_of(fresh)
+    for live in held:
+        live.awaits_session = False
+    exp.open.timers_moved()
+    exp.log.info(
+        "recovery.windows_started", rounds=[live.number for live in held], expires_at=fresh
+    )
+    return [live.number for live in held]
+
+
 def _renew_expiries(exp: Experiment, rows: list[RoundRow], now: float) -> dict[int, float]:
     """A new expiry window for every unacknowledged open round: round -> expires_at.
 
-    Like the ack timers, the window restarts with this life (so what the broker queued for
-    the session is read before the round can expire). Moving an expiry later is always
-    safe — the agent only waits longer before it releases the reservation — and it is
-    stored before the action is published again with it.
+    The window restarts with this life, and again when its first broker session is up
+    (`start_windows`; no timer of the round runs before that): a fleet replica taking the
+    experiment over asks the device again with this one (`agent.fleet`), before its driver
+    starts the windows. Moving an expiry later is always safe — the agent only waits longer
+    before it releases the reservation — and it is stored before the action is published
+    again with it.
     """
     fresh = now + ack_window(exp.spec.schedule)
     renewed = {}
@@ -127,6 +174,7 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> Liv
     )
     # the model learns from what the device reported applied (clamped, say)
     applied = row.applied if row.applied is not None else row.intervention
+    unacked = status in (RoundStatus.PROPOSED, RoundStatus.PUBLISHED)
     return LiveRound(
         number=row.round,
         action=action,
@@ -140,6 +188,7 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> Liv
         published_at=now if row.attempt > 0 else None,
         acked_at=now if status is RoundStatus.ACKED else None,
         closed_at=exp.tick_of(row.status_at) if status not in OPEN_STATUSES else None,
+        awaits_session=unacked,
     )
 
 

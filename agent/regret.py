@@ -1,7 +1,10 @@
 """Regret as the agent reports it.
 
 With a simulator, oracle messages carry E[y | a_t] and the optimum, so regret is true:
-    cumulative R_T = Σ_t (f* − E[y | a_t]),   simple r_T = f* − max_t E[y | a_t].
+    cumulative R_T = Σ_t (f*_t − E[y_t | a_t]),   simple r_T = min_t (f*_t − E[y_t | a_t]).
+For a stationary system (`reward.optimum: fixed`, the default) f*_t = f* is one number, so
+r_T = f* − max_t E[y | a_t]; for a system that drifts (`reward.optimum: per_round`) f*_t is the
+optimum of round t, stated by that round's oracle message, and R_T is the dynamic regret.
 On a real system neither is known; the agent then exports a model-based estimate under its own
 name, `cbo_regret_model_estimate`: the running sum over rounds of max(0, UCB(best candidate) −
 LCB(chosen action)) of E[reward | do(a)], computed from the experiment's own model (the node GPs,
@@ -23,11 +26,19 @@ from core.spec import ExperimentSpec
 
 
 class RegretTracker:
-    """Rewards, oracle values and regret of one experiment."""
+    """Rewards, oracle values and regret of one experiment.
+
+    `optimum` is the optimum last accepted; `optima` every round's (round -> f*_t). With one
+    optimum per experiment (`reward.optimum: fixed`) every round's regret is taken against
+    `optimum`, as the checks keep it one number (`agent.join.oracle_problem`); per round
+    (`per_round`), against the round's own.
+    """
 
     def __init__(self, spec: ExperimentSpec) -> None:
         self.spec = spec
+        self.per_round = spec.reward.optimum == "per_round"
         self.expected: dict[int, float] = {}
+        self.optima: dict[int, float] = {}
         self.optimum: float | None = None
         self.last_reward: float | None = None
         self.last_reward_round: int | None = None
@@ -42,13 +53,18 @@ class RegretTracker:
     def cumulative(self) -> float | None:
         if not self.has_oracle:
             return None
-        return sum(self.optimum - value for value in self.expected.values())
+        if not self.per_round:
+            return sum(self.optimum - value for value in self.expected.values())
+        return sum(self.optima[t] - value for t, value in self.expected.items())
 
     @property
     def simple(self) -> float | None:
         if not self.has_oracle:
             return None
-        return self.optimum - max(self.expected.values())
+        if not self.per_round:
+            return self.optimum - max(self.expected.values())
+        # the best round's regret: with one optimum, f* − max_t E[y | a_t] again
+        return min(self.optima[t] - value for t, value in self.expected.items())
 
     def observe_reward(self, round_number: int, reward: float) -> None:
         self.last_reward = reward
@@ -60,6 +76,7 @@ class RegretTracker:
         if round_number in self.expected:
             return False
         self.expected[round_number] = expected
+        self.optima[round_number] = optimum
         self.optimum = optimum
         return True
 

@@ -69,6 +69,9 @@ class LiveRound:
     last_reading_at: float | None = None
     retry_at: float | None = None  # a device said "busy": re-publish then
     expires_tick: float | None = None  # action.expires_at, on the monotonic clock
+    # recovered, not acknowledged: none of its timers runs until this life's first broker
+    # session is up, when its expiry window starts (`agent.recovery.start_windows`)
+    awaits_session: bool = False
     pending: int | None = None  # the model's pending-point handle while the round is in flight
     # False between `propose(deferred=True)` and `settle`: its regret estimate, model row and
     # pending point are not made yet (the runtime settles it right after publishing it)

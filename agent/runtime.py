@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 
 import structlog
 
-from agent import identity
+from agent import identity, recovery
 from agent.config import AgentConfig
-from agent.experiment import Experiment
+from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits, FitWorker
 from agent.rounds import EventSink, LiveRound, Verdict
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
@@ -294,6 +294,7 @@ class AgentService:
                 on_event=self.on_event,
                 device=self.config.device,
                 background_refits=self.background_refits,
+                reserve_bytes=reserve_share(len(self.specs)),
             )
             inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
             self._inboxes[spec.name] = inbox
@@ -482,6 +483,13 @@ class AgentService:
     async def _drive(self, exp: Experiment) -> None:
         """Propose, publish, join feedback, handle timeouts — until the experiment finishes."""
         inbox = self._inboxes[exp.name]
+        if any(live.awaits_session for live in exp.open_rounds):
+            # Recovered rounds without an ack: their acks may be queued by the broker for this
+            # agent's session. Their expiry windows start once a session is up — attached
+            # after its subscriptions were acknowledged, so what it queued can arrive — and
+            # not at recovery: a broker slow to answer must not expire them first.
+            await self.link.wait_attached()
+            await self._on_model(exp, recovery.start_windows, exp)
         for live in exp.open_rounds:  # recovered rounds that never left before a crash
             if live.published_at is None:
                 await self._publish_action(exp, live.action)

@@ -32,6 +32,8 @@ def ack_window(schedule: ScheduleSpec) -> float:
 
 def round_timers(live: LiveRound, schedule: ScheduleSpec) -> list[float]:
     """When `due` has something to do for this round (the same conditions it checks)."""
+    if live.awaits_session:  # a recovered round's timers start with the first session
+        return []
     if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
         timers = [live.published_at + schedule.ack_timeout_s]
         if live.retry_at is not None:
@@ -104,6 +106,10 @@ def due(exp: Experiment, now: float) -> list[Action]:
     exp.open.timers_moved()  # rounds re-published or closed below move the earliest timer
     again: list[Action] = []
     for live in exp.open_rounds:  # a copy: rounds close while we go
+        if live.awaits_session:
+            # recovered and unacknowledged: its ack may be queued for the broker session this
+            # life has not had yet (`agent.recovery.start_windows`)
+            continue
         if live.status is RoundStatus.PUBLISHED and live.published_at is not None:
             action = _unacknowledged(exp, live, now)
             if action is not None:

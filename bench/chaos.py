@@ -451,7 +451,8 @@ def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosResult:
             exit_code = agent.wait(max(deadline - time.monotonic(), 1.0))
         except TimeoutError:
             finished = False
-            chaos._note("the agent did not finish before the time limit")
+            agent.dump_stacks()  # where it waits, in its log
+            chaos._note("the agent did not finish before the time limit (stacks in its log)")
         chaos._note(f"agent exited with code {exit_code}" if finished else "agent killed")
         # readings of rounds closed by timeout may still be on their way
         time.sleep(options.device.delay_s + options.device.jitter_s + 1.0)

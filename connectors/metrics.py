@@ -83,10 +83,14 @@ class AgentMetrics:
         exp = ("experiment",)
         self._rounds = Counter("cbo_rounds", "Rounds completed.", exp, registry=self.registry)
         self._cumulative_regret = self._gauge(
-            "cbo_cumulative_regret", "Sum over rounds of optimum − E[y|action], from the oracle."
+            "cbo_cumulative_regret",
+            "Sum over rounds of optimum − E[y|action], from the oracle (each round's own "
+            "optimum where the spec declares reward.optimum: per_round: the dynamic regret).",
         )
         self._simple_regret = self._gauge(
-            "cbo_simple_regret", "Optimum − E[y|best action so far], from the oracle."
+            "cbo_simple_regret",
+            "Optimum − E[y|best action so far], from the oracle (per_round: the smallest over "
+            "rounds of the round's optimum − E[y|action]).",
         )
         self._regret_upper_estimate = self._gauge(
             "cbo_regret_model_estimate",

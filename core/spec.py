@@ -339,6 +339,14 @@ class RewardSpec(_Strict):
         description="Optional, one per component: B_j ≥ |∂g/∂f_j| over the components' ranges, "
         "for D-GP-UCB's variance bound with a nonlinear g.",
     )
+    optimum: Literal["fixed", "per_round"] = Field(
+        default="fixed",
+        description="What a simulator's oracle `optimum` is (docs/protocol.md, `cbo.oracle`). "
+        "`fixed`: max_a E[y | a] of a stationary system, one number for the experiment: an "
+        "oracle stating another is refused (`oracle_optimum_changed`). `per_round`: for a "
+        "system that drifts, the optimum of the message's own round, f*_t; the regret of round "
+        "t is f*_t − E[y_t | a_t] and `cbo_cumulative_regret` is the dynamic regret.",
+    )
 
     @property
     def decomposed(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -94,3 +95,38 @@ def test_run_exits_1_with_one_fatal_event_when_no_broker_answers(tmp_path):
     assert "no broker session with mqtt://127.0.0.1:" in fatal["detail"]
     warnings = [e for e in events if e["level"] == "warning"]
     assert [e["event"] for e in warnings] == ["mqtt.reconnect_scheduled"]
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_service_goes_on(tmp_path):
+    """An operator's (or a test harness's) way to see where a service that hangs is waiting."""
+    spec = ROOT / "examples" / "toygraph.yaml"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "--log-format", "json", "run", str(spec),
+         "--broker", f"127.0.0.1:{free_port()}", "--store", str(tmp_path / "agent.sqlite"),
+         "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 90
+        assert agent.stdout is not None
+        while time.monotonic() < deadline:  # retrying the broker: started and waiting
+            line = agent.stdout.readline()
+            lines.append(line)
+            if "mqtt.reconnect_scheduled" in line:
+                break
+        else:
+            pytest.fail("the agent never tried the broker:\n" + "".join(lines))
+        agent.send_signal(signal.SIGUSR1)
+        while time.monotonic() < deadline:
+            line = agent.stdout.readline()
+            lines.append(line)
+            if line.startswith("Current thread") or "most recent call first" in line:
+                break
+        else:
+            pytest.fail("no stack after SIGUSR1:\n" + "".join(lines))
+        time.sleep(0.5)
+        assert agent.poll() is None, "the service stopped after SIGUSR1"
+    finally:
+        agent.kill()
+        agent.wait(timeout=30)

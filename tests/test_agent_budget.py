@@ -17,6 +17,7 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
+from agent import recovery
 from agent.experiment import Experiment, RoundStatus
 from connectors.metrics import AgentMetrics
 from connectors.schemas import Ack
@@ -349,6 +350,18 @@ def test_a_restart_renews_the_expiry_of_unacknowledged_rounds_before_republishin
         assert exp.due(clock.now) == []  # nothing expires at once: the queued acks come first
         assert exp.rounds[published.number].status is RoundStatus.PUBLISHED
         assert store.ledger("paid").reserved == 4.0
+        # no broker session yet (a broker slow to answer): past the renewed window, still
+        # nothing expires, nor is re-published — the queued ack has no session to come on
+        clock.now += 5.0
+        assert exp.due(clock.now) == [] and exp.next_deadline(clock.now) == math.inf
+        assert exp.rounds[published.number].status is RoundStatus.PUBLISHED
+        # the session is up: the windows start now, stored before anything is published
+        assert recovery.start_windows(exp) == [published.number, proposed.number]
+        for number in (published.number, proposed.number):
+            live = exp.rounds[number]
+            assert live.action.expires_at == clock.now + 2.0
+            assert store.get_round("paid", number).expires_at == live.action.expires_at
+        assert recovery.start_windows(exp) == []  # once per life
         clock.now += 2.0
         exp.due(clock.now)
         assert exp.rounds[published.number].status is RoundStatus.EXPIRED

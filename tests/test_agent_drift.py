@@ -1,22 +1,28 @@
 """A drifting system through the service on a real Mosquitto: a time-aware model
 (`model.time_scale`) and a change detector (`model.change`) that finds a step of the system;
-a periodic factor (`model.period`) on the school calendar's SIR task."""
+a periodic factor (`model.period`) on the school calendar's SIR task; the dynamic regret of a
+system whose optimum changes every round (`reward.optimum: per_round`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 from typing import Any
 
 import pytest
 
+from agent.experiment import Experiment
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig
+from connectors.schemas import Oracle
+from connectors.store import Store
 from core.spec import ChangeSpec, load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.dropwave_drift import DropwaveDrift
 from sim.sir_school_terms import SchoolTermsSIR
+from sim.sir_seasonal import SeasonalSIR
 from tests.test_agent_service import EXAMPLES, agent_config
 from tests.test_policies_helpers import FAST
 
@@ -123,9 +129,8 @@ async def test_a_time_aware_agent_finds_a_step_of_the_system(mosquitto, tmp_path
 @pytest.mark.integration
 async def test_a_periodic_model_runs_the_school_calendar_through_the_service(mosquitto, tmp_path):
     """`model.period` from the spec: every node GP holds (doses, round, cos, sin) of each
-    round, and the policy proposes on it within the dose budget. (No oracle: the agent holds
-    one optimum per experiment and refuses one that changes, `oracle_optimum_changed`, which
-    this environment's does between holiday and term.)"""
+    round, and the policy proposes on it within the dose budget. (No oracle here: the regret
+    of a drifting system is the next test's.)"""
     rounds, period = 6, 4.0
     spec = load_spec(EXAMPLES / "sir-school-terms.yaml")
     model = spec.model.model_copy(update={"time_scale": 52.0, "period": period})
@@ -171,3 +176,93 @@ async def test_a_periodic_model_runs_the_school_calendar_through_the_service(mos
     assert sin == pytest.approx([math.sin(p) for p in phases], abs=1e-9)
     for record in net.history:
         assert bool(env.feasible(list(record.intervention.values())))
+
+
+class _RecordingDevice(SimulatorDevice):
+    """The simulator device, keeping every oracle message it publishes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.oracles: list[Oracle] = []
+
+    async def _publish(self, kind: str, message: Any, *args: Any, **kwargs: Any) -> None:
+        if kind == "oracle":
+            self.oracles.append(message)
+        await super()._publish(kind, message, *args, **kwargs)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("optimum", ["per_round", "fixed"])
+async def test_the_service_reports_the_dynamic_regret_of_a_drifting_system(
+    mosquitto, tmp_path, optimum
+):
+    """sir-seasonal, whose optimum changes with every week: declared to drift (the example's
+    `reward.optimum: per_round`), the agent's cumulative regret is Σ_t (f*_t − E[y_t | a_t])
+    over the oracle messages the device sent, and its simple regret min_t of the same; declared
+    stationary (`fixed`), it still accepts round 0's optimum only and refuses every changed one
+    (`oracle_optimum_changed`)."""
+    rounds = 5
+    spec = load_spec(EXAMPLES / "sir-seasonal.yaml")
+    assert spec.reward.optimum == "per_round"
+    spec = spec.model_validate(
+        {
+            **spec.model_dump(),
+            "name": "seasonal",
+            "reward": {**spec.reward.model_dump(), "optimum": optimum},
+            "policy": {"name": "dgpucb", "settings": FAST["dgpucb"]},
+            "initial_design": {"rounds": 2},
+            "schedule": {
+                **spec.schedule.model_dump(),
+                "max_rounds": rounds,
+                "ack_timeout_s": 5.0,
+                "round_timeout_s": 5.0,
+            },
+        }
+    )
+    device = _RecordingDevice(
+        SeasonalSIR(),
+        BrokerConfig.from_url(mosquitto.url),
+        DeviceSettings(experiment="seasonal", delay_s=0.01, seed=3),
+    )
+    device_task = asyncio.create_task(device.run())
+    await asyncio.wait_for(device.ready.wait(), 60)
+    service = AgentService(agent_config(mosquitto.url, tmp_path / "agent.sqlite"), [spec])
+    try:
+        await asyncio.wait_for(service.run(), 300)
+    finally:
+        device_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await device_task
+
+    exp = service.experiments["seasonal"]
+    assert exp.finished and len(exp.model.history) == rounds
+    sent = {o.round: o for o in device.oracles}
+    assert sorted(sent) == list(range(rounds))
+    optima = [sent[t].optimum for t in range(rounds)]
+    assert all(abs(b - a) > 2e-3 for a, b in itertools.pairwise(optima)), optima  # it drifts
+    sample = exp.metrics.registry.get_sample_value
+    labels = {"experiment": "seasonal"}
+    if optimum == "per_round":
+        regrets = [sent[t].optimum - sent[t].expected_reward for t in range(rounds)]
+        assert exp.regret.optima == {t: sent[t].optimum for t in range(rounds)}
+        assert exp.regret.cumulative == pytest.approx(sum(regrets), rel=1e-12)
+        assert sample("cbo_cumulative_regret", labels) == pytest.approx(sum(regrets), rel=1e-12)
+        assert sample("cbo_simple_regret", labels) == pytest.approx(min(regrets), rel=1e-12)
+        # restarted over its store, the agent has every round's optimum again
+        with Store(tmp_path / "agent.sqlite") as store:
+            again = Experiment(spec, store)
+            assert [o.optimum for o in store.oracles("seasonal")] == optima
+        assert again.regret.optima == exp.regret.optima
+        assert again.regret.cumulative == exp.regret.cumulative
+        return
+    assert exp.regret.expected == {0: sent[0].expected_reward}
+    refused = {
+        "experiment": "seasonal",
+        "kind": "oracle",
+        "outcome": "rejected",
+        "reason": "oracle_optimum_changed",
+    }
+    assert sample("cbo_messages_total", refused) == rounds - 1
+    assert sample("cbo_cumulative_regret", labels) == pytest.approx(
+        sent[0].optimum - sent[0].expected_reward
+    )

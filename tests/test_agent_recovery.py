@@ -76,6 +76,25 @@ def test_a_changed_graph_is_refused(store_target):
         Experiment(spec_with(kernel="rbf"), store)
 
 
+def test_a_spec_stored_before_reward_optimum_continues_as_fixed(store_target):
+    """A store written before `reward.optimum` existed meant one optimum: the same spec goes on
+    (the field's default, `fixed`), and declaring the system to drift changes the reward."""
+    path = store_target
+    with Store(path) as store:
+        drive(Experiment(spec_with(), store), 2, seed=3)
+        older = spec_with().model_dump(mode="json", by_alias=True)
+        del older["reward"]["optimum"]
+        store.upsert_experiment(older["name"], older)
+    with Store(path) as store:
+        assert Experiment(spec_with(), store).next_round == 2
+    drifting = spec_with()
+    drifting = drifting.model_copy(
+        update={"reward": drifting.reward.model_copy(update={"optimum": "per_round"})}
+    )
+    with Store(path) as store, pytest.raises(ValueError, match="different \\['reward'\\]"):
+        Experiment(drifting, store)
+
+
 def test_recovery_replays_what_a_clamping_device_applied(store_target):
     """The device clamps u to [-0.3, 0.3] and says so in its ack; readings follow what it
     applied. Restarted, the agent's model is the uninterrupted one — and both learned the

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from agent import runtime
 from agent.config import AgentConfig, BrokerSection, MetricsSection, StoreSection
+from agent.rounds import RoundStatus
 from agent.runtime import AgentService
 from bench.chaos import ChaosOptions, run_chaos
 from bench.harness.check import DeviceRecord, device_record
@@ -30,8 +32,10 @@ from bench.harness.procs import (
     write_spec,
 )
 from connectors.mosquitto import find_mosquitto
-from connectors.mqtt import BrokerConfig
+from connectors.mqtt import BrokerConfig, MqttConnection
+from connectors.schemas import Ack, Reading, encode
 from connectors.store import LedgerRow, ReadingRow, RoundRow, Store
+from connectors.topics import Topics
 from core.spec import load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
@@ -247,6 +251,98 @@ def test_a_queued_ack_is_read_before_a_recovered_round_expires(tmp_path: Path) -
     states = {e.round: e.state for e in outcome.ledger}
     assert states[0] == "settled", f"round 0 is {outcome.rounds[0].status}, ledger {states}"
     assert applied_cost <= budget
+
+
+async def test_a_recovered_round_waits_for_the_first_session_before_it_expires(
+    mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deterministic: the agent published round 0 and died; the device applied it and its ack
+    and readings wait in the agent's persistent session. The restarted agent's first broker
+    session comes 1.5 s after its recovery, three times the round's ack window (0.5 s, no
+    retries). The round's window starts with that session, not at recovery: the queued ack
+    is read in time, round 0 is paid for once and completes — no expiry, no overspend
+    (issue 17; on a busy machine `test_a_queued_ack_is_read_before_a_recovered_round_expires`
+    saw the same race by chance)."""
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "dropwave.yaml")
+    spec = spec.model_copy(
+        update={
+            "name": "queued",
+            "policy": spec.policy.model_copy(update={"name": "random", "settings": {}}),
+            "schedule": spec.schedule.model_copy(
+                update={
+                    "max_rounds": 1,
+                    "ack_timeout_s": 0.5,
+                    "ack_retries": 0,
+                    "round_timeout_s": 10.0,
+                }
+            ),
+        }
+    )
+    config = AgentConfig(
+        agent_id="queued-agent",
+        broker=BrokerSection(url=mosquitto.url),
+        metrics=MetricsSection(port=0),
+        store=StoreSection(path=str(tmp_path / "agent.sqlite")),
+    )
+    first = AgentService(config, [spec])
+    life = asyncio.create_task(first.run())
+    try:
+        async with asyncio.timeout(60):
+            while not (
+                "queued" in first.experiments
+                and 0 in first.experiments["queued"].rounds
+                and first.experiments["queued"].rounds[0].status is RoundStatus.PUBLISHED
+            ):
+                await asyncio.sleep(0.01)
+    finally:
+        life.cancel()  # the agent dies; its session (subscriptions, queue) stays at the broker
+        with contextlib.suppress(asyncio.CancelledError):
+            await life
+    action = first.experiments["queued"].rounds[0].action
+    device, topics = spec.actuator_id, Topics(config.topic_prefix)
+    async with MqttConnection(BrokerConfig.from_url(mosquitto.url)) as mqtt:  # the device
+        ack = Ack(
+            experiment="queued",
+            round=0,
+            action_id=action.action_id,
+            device_id=device,
+            status="applied",
+            reason=None,
+            applied=dict(action.intervention),
+            at=time.time(),
+        )
+        await mqtt.publish(topics.ack("queued", device), encode(ack))
+        for seq, node in enumerate(spec.node_names):
+            reading = Reading(
+                experiment="queued",
+                round=0,
+                node=node,
+                value=0.1,
+                seq=seq,
+                device_id=device,
+                at=time.time(),
+            )
+            await mqtt.publish(topics.reading("queued", device), encode(reading))
+
+    connect = runtime.run_with_reconnect
+
+    async def late_broker(*args: object, **kwargs: object) -> None:
+        await asyncio.sleep(1.5)  # the broker answers late: past the recovered round's window
+        await connect(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "run_with_reconnect", late_broker)
+    second = AgentService(config, [spec])
+    await asyncio.wait_for(second.run(), 60)
+
+    with Store(tmp_path / "agent.sqlite") as store:
+        (round0,) = store.rounds("queued")
+        ledger = store.ledger_entries("queued")
+    assert (round0.status, round0.reason) == ("closed", "complete"), round0
+    assert [(e.round, e.state) for e in ledger] == [(0, "settled")]
+    overspent = second.metrics.registry.get_sample_value(
+        "cbo_device_overspend_total", {"experiment": "queued", "reason": "ack_after_expiry"}
+    )
+    assert not overspent
 
 
 # ------------------------------------------------------------- late readings of the last round

@@ -126,3 +126,59 @@ def test_the_reservation_is_bounded_by_its_memory_and_by_a_bounded_model():
     bounded = NetworkModel(_spec(None, capacity=50))
     assert bounded.reserve_rounds(10_000, 4, limit_bytes=2**30) <= 60
     assert next_capacity(100) == 150 and next_capacity(100, 200) == 200
+
+
+def _factor_bytes(exp: Experiment) -> int:
+    gp = exp.model.gp
+    return gp.batch * gp.room**2 * (torch.finfo(gp.dtype).bits // 8)
+
+
+def test_the_experiments_of_one_process_share_its_reservation():
+    """A fleet replica (or a `run` with several specs) holding many experiments with a large
+    `max_rounds` must not reserve `RESERVE_BYTES` for each: 100 of them took 512 MiB of factor
+    each, and a replica of `bench fleet` ran out of memory (the kernel killed it at 21 GB)."""
+    from agent.experiment import RESERVE_BYTES, reserve_share
+
+    assert reserve_share(1) == RESERVE_BYTES and reserve_share(0) == RESERVE_BYTES
+    exps = [
+        Experiment(
+            _spec(10_000).model_copy(update={"name": f"e{i}"}),
+            Store(":memory:"),
+            reserve_bytes=reserve_share(40),
+        )
+        for i in range(40)
+    ]
+    assert sum(_factor_bytes(e) for e in exps) <= RESERVE_BYTES
+    assert all(e.model.gp.room >= 16 for e in exps)
+
+
+def test_a_fleet_replica_builds_each_experiment_with_its_share(tmp_path):
+    from agent.config import AgentConfig, MetricsSection, StoreSection
+    from agent.experiment import reserve_share
+    from agent.fleet import FleetService, FleetSettings
+
+    config = AgentConfig(
+        agent_id="replica-a",
+        metrics=MetricsSection(port=0),
+        store=StoreSection(path=str(tmp_path / "fleet.sqlite")),
+    )
+    with Store(config.store.path) as store:
+        service = FleetService(config, FleetSettings(capacity=50), store=store)
+        spec = _spec(10_000).model_copy(update={"name": "big"})
+        store.submit("big", spec.model_dump(mode="json", by_alias=True))
+        lease = store.acquire_lease("big", "replica-a", 30.0)
+        exp = service._build(store, lease)
+        assert isinstance(exp, Experiment), exp
+        assert 0 < _factor_bytes(exp) <= reserve_share(50)
+
+
+def test_a_service_with_several_specs_gives_each_its_share():
+    from agent.config import AgentConfig
+    from agent.experiment import RESERVE_BYTES
+    from agent.runtime import AgentService
+
+    specs = [_spec(10_000).model_copy(update={"name": f"s{i}"}) for i in range(8)]
+    service = AgentService(AgentConfig(), specs)
+    with Store(":memory:") as store:
+        service._load(store)
+        assert sum(_factor_bytes(e) for e in service.experiments.values()) <= RESERVE_BYTES

@@ -34,8 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 KEY = "0123456789abcdef0123456789abcdef"  # 32 bytes of text: a test key, not a secret
 
 
-def spec_with(devices: list[dict] | None, name: str = "trust") -> ExperimentSpec:
-    """A chain A -> B -> C (reward C) with one action on B, and `devices` as given."""
+def spec_with(
+    devices: list[dict] | None, name: str = "trust", optimum: str = "fixed"
+) -> ExperimentSpec:
+    """A chain A -> B -> C (reward C) with one action on B, and `devices` as given;
+    `optimum`: the spec's `reward.optimum` (`per_round` for a system that drifts)."""
     data = {
         "name": name,
         "intervention": "soft",
@@ -45,7 +48,7 @@ def spec_with(devices: list[dict] | None, name: str = "trust") -> ExperimentSpec
             {"name": "C", "parents": ["B"], "bounds": [-4, 4], "noise_std": 0.1},
         ],
         "actions": [{"name": "u", "targets": ["B"], "bounds": [-1, 1], "cost": 1.0}],
-        "reward": {"node": "C"},
+        "reward": {"node": "C", "optimum": optimum},
         "constraints": {"budget_total": 10.0},
         "model": {"refit_every": None, "misfit_z": None},
         "policy": {"name": "random"},
@@ -311,6 +314,51 @@ def test_oracle_values_that_break_their_definition_are_refused() -> None:
     assert exp.on_oracle(oracle_for(exp, 3, 1.0, 2.0)).outcome == "accepted"
     assert [o.round for o in store.oracles(exp.name)] == [1, 3]
     assert exp.regret.cumulative == pytest.approx(0.0005 + 1.0)
+
+
+def test_a_drifting_system_states_the_optimum_of_each_round() -> None:
+    """`reward.optimum: per_round`: each oracle's optimum is its round's, so a changed one is
+    accepted and the regret of round t is f*_t − E[y_t | a_t] (the dynamic regret); E[y] above
+    its own round's optimum, or out of range, is still refused."""
+    exp, store, metrics = experiment(spec_with(SPLIT, optimum="per_round"))
+    for _ in range(4):
+        exp.mark_published(exp.propose().number)
+    refused = {
+        "oracle_above_optimum": oracle_for(exp, 0, 1.5, 1.0),  # above its own round's
+        "out_of_range": oracle_for(exp, 0, 0.0, 1e300),
+    }
+    for reason, message in refused.items():
+        verdict = exp.on_oracle(message)
+        assert (verdict.outcome, verdict.reason) == ("rejected", reason)
+    stated = {0: (1.5, 2.0), 1: (0.5, 3.0), 2: (-1.0, -0.5), 3: (2.9, 3.0)}  # (E[y], f*_t)
+    for number, (expected, optimum) in stated.items():
+        assert exp.on_oracle(oracle_for(exp, number, expected, optimum)).outcome == "accepted"
+    assert exp.regret.optima == {t: f for t, (_, f) in stated.items()}
+    assert exp.regret.cumulative == pytest.approx(0.5 + 2.5 + 0.5 + 0.1)
+    assert exp.regret.simple == pytest.approx(0.1)  # the best round's regret
+    gauge = metrics.registry.get_sample_value
+    assert gauge("cbo_cumulative_regret", {"experiment": "trust"}) == pytest.approx(3.6)
+    assert gauge("cbo_simple_regret", {"experiment": "trust"}) == pytest.approx(0.1)
+    assert [(o.round, o.optimum) for o in store.oracles(exp.name)] == [
+        (t, f) for t, (_, f) in stated.items()
+    ]
+
+
+def test_a_restart_restores_each_rounds_optimum(tmp_path: Path) -> None:
+    """The oracle table holds every round's optimum: a restarted agent's dynamic regret is
+    the one it had."""
+    spec = spec_with(SPLIT, optimum="per_round")
+    with Store(tmp_path / "a.sqlite") as store:
+        exp = Experiment(spec, store, seed=1, clock=Clock())
+        for _ in range(3):
+            exp.mark_published(exp.propose().number)
+        for number, (expected, optimum) in enumerate([(1.0, 2.0), (2.5, 3.0), (0.0, 1.0)]):
+            assert exp.on_oracle(oracle_for(exp, number, expected, optimum)).outcome == ("accepted")
+        before = (dict(exp.regret.optima), exp.regret.cumulative, exp.regret.simple)
+    with Store(tmp_path / "a.sqlite") as store:
+        again = Experiment(spec, store, seed=1, clock=Clock())
+    assert (again.regret.optima, again.regret.cumulative, again.regret.simple) == before
+    assert before[1] == pytest.approx(1.0 + 0.5 + 1.0)
 
 
 def test_a_stored_oracle_that_breaks_its_definition_is_not_replayed(tmp_path: Path) -> None:

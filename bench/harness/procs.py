@@ -198,6 +198,12 @@ class Child:
             self.popen.kill()
         self.popen.wait(timeout=STOP_S)
 
+    def dump_stacks(self) -> None:
+        """SIGUSR1: the process prints every thread's stack to its log (`agent.cli`) and goes on."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+
     def pause(self) -> None:
         self.popen.send_signal(signal.SIGSTOP)
 
