@@ -21,19 +21,25 @@ Two parameterizations of η (setting `eta`; "auto" picks per target set, see `et
 - "network" (a hallucinated node has noisy inputs): η_i(z) is a small ReLU network of the
   node's inputs (`policies._eta_nets`). `nn_restarts` initializations are trained together
   in one batched computation by Adam on fresh MC estimates (`mc_samples` noise draws per
-  step), for a fixed `steps`: up to `warm_starts` of them are the previous rounds' best nets
-  and actions for this region, the rest random nets started near a constant η whose [a; η]
-  are picked (Boltzmann rule) from `raw_samples` Sobol points scored with the constant-η
-  objective — a network with zero output weights *is* a constant η, so the screen gives the
-  search the constant mode's global coverage. Every restart is then rescored with
-  `rescore_samples` common noise draws and the best is kept.
+  step), for up to `steps` (stopping rule below): up to `warm_starts` of them are the
+  previous rounds' best nets and actions for this region, the rest random nets started near
+  a constant η whose [a; η] are picked (Boltzmann rule) from `raw_samples` Sobol points
+  scored with the constant-η objective — a network with zero output weights *is* a constant
+  η, so the screen gives the search the constant mode's global coverage. Every restart is
+  then rescored with `rescore_samples` common noise draws and the best is kept.
 
-  Stopping rule: a fixed step count, cut short only by the wall-clock cap. The authors stopped
-  with BoTorch's `ExpMAStoppingCriterion`, whose default `minimize=True` — with a *maximizing*
-  SGD — ends a run as soon as the moving average stops decreasing, i.e. after ≈11 steps of
-  improvement (digest §7.4), so their noisy runs were mostly random search. A moving-average
-  rule on a 32-sample MC objective would also stop on noise; a fixed budget gives every restart
-  the same chance and keeps the time per proposal predictable.
+  Stopping rule (issue 17): at most `steps` Adam steps, stopped early on a plateau of the
+  acquisition estimate. Every `stop_every` steps (and once before the first) all restarts are
+  scored on `stop_samples` common noise draws, fixed for the whole training (a stream of their
+  own: the training's draws are those of a fixed-count run), so two checks differ only by what
+  the nets and actions learned. When the best restart's estimate has not risen by more than
+  `stop_tol` standard errors (its Monte-Carlo standard error over those draws) for
+  `stop_patience` checks in a row, training stops. The per-step objective cannot serve: on
+  fresh draws its noise (PSAGraph: sd ≈ 0.07 per step at 32 draws) is a hundred times the
+  improvement left after ≈ 16 steps (≈ 0.001, measured at common draws). The authors stopped
+  with BoTorch's `ExpMAStoppingCriterion` on that noisy objective, with `minimize=True` under
+  a *maximizing* SGD — after ≈ 11 steps of improvement (digest §7.4), mostly random search.
+  `stop_patience: 0` keeps the fixed count (`steps`), cut short only by the wall-clock cap.
 
 An array node that feeds scalar nodes (issue 15) is not hallucinated: its value is one of S
 posterior sample paths (Matheron's rule, `NetworkModel.field_draws`, fitted first when due),
@@ -92,8 +98,18 @@ class MCBOSettings(SearchSettings):
             (network mode); the paper uses 32 (128 on noisy Dropwave).
         nn_restarts: initializations trained together in network mode (up to `warm_starts`
             of them the previous rounds' solutions). Cost per step ∝ nn_restarts·mc_samples·n²;
-            16 and 64 steps keep PSAGraph (4 target sets, 6 nodes) near 4 s at n = 126.
-        steps: Adam steps in network mode (fixed; see the module docstring).
+            16 and 64 steps keep PSAGraph (4 target sets, 6 nodes) near 4 s at n = 126
+            (the fixed 64 steps, before the plateau rule).
+        steps: Adam steps in network mode, at most (the plateau rule below may stop sooner).
+        stop_every: network mode: steps between two checks of the plateau rule (module
+            docstring, "Stopping rule"); each check is one forward pass at `stop_samples`.
+        stop_samples: common noise draws, fixed for one training, on which every check scores
+            the restarts.
+        stop_tol: a check improves when the best restart's estimate rose by more than this many
+            of its Monte-Carlo standard errors (at `stop_samples`) since the last improvement.
+        stop_patience: training stops after this many checks in a row without improvement; 0
+            turns the rule off (always `steps` steps). With 8/64/0.1/1, PSAGraph's trainings
+            stop after 16 steps in most rounds (docs/benchmarks.md, issue 17, psa17b).
         learning_rate: Adam step size in network mode (action logits and net weights).
         rescore_samples: common noise draws scoring every restart at the end (paper: 1000).
         hidden_factor: η-net hidden width = hidden_factor · input width (authors: 4).
@@ -114,6 +130,10 @@ class MCBOSettings(SearchSettings):
     mc_samples: int = Field(default=32, ge=1)
     nn_restarts: int = Field(default=16, ge=1)
     steps: int = Field(default=64, ge=0)
+    stop_every: int = Field(default=8, ge=1)
+    stop_samples: int = Field(default=64, ge=1)
+    stop_tol: float = Field(default=0.1, ge=0)
+    stop_patience: int = Field(default=1, ge=0)
     learning_rate: float = Field(default=0.05, gt=0)
     rescore_samples: int = Field(default=256, ge=1)
     hidden_factor: int = Field(default=4, ge=1)
@@ -345,10 +365,13 @@ class _MCBOProblem(Problem):
         def values_of() -> torch.Tensor:
             return region.feasible(lower + span * torch.sigmoid(logits))
 
+        plateau = _Plateau(self, region, scorer, nets, values_of, seed)
         steps, timed_out = 0, False
         for _ in range(settings.steps):
             if deadline.expired() or time.monotonic() - started > timeout:
                 timed_out = True
+                break
+            if plateau.due(steps) and plateau.reached():
                 break
             eps = torch.randn(settings.mc_samples, len(self.column), generator=generator)
             values = values_of()
@@ -367,7 +390,9 @@ class _MCBOProblem(Problem):
             score = scorer(region, acquisition, values)
         score = torch.where(torch.isfinite(score), score, -math.inf)
         best = int(torch.argmax(score))
-        self.info.update(steps=steps, nn_restarts=restarts, warm_started=warm)
+        self.info.update(
+            steps=steps, nn_restarts=restarts, warm_started=warm, plateau_checks=plateau.checks
+        )
         memory = {"values": values[best].detach().clone(), "nets": nets.export(best)}
         return Solution(
             values[best].detach(),
@@ -433,6 +458,12 @@ class _MCBOProblem(Problem):
                 for part in eps.split(chunk)
             ]
             return torch.stack(parts).sum(0) / eps.shape[0]
+        return self._network_draws(region, values, nets, eps).mean(0)
+
+    def _network_draws(
+        self, region: Region, values: torch.Tensor, nets: EtaNets, eps: torch.Tensor
+    ) -> torch.Tensor:
+        """(R, F) values, (S, nodes) noise draws -> (S, R) x̃_Y per draw under network η."""
         reward = self.model.reward_node
         beta = self.beta
         bounds = {node: self.model.node_input_bounds(node) for node in nets.params}
@@ -453,7 +484,70 @@ class _MCBOProblem(Problem):
         batch = actions.unsqueeze(0)  # draws broadcast in: (1, b, A) -> (S, b) downstream
         fields = None if self.fields is None else self.fields.first(eps.shape[0])
         rollout = self.model.rollout(batch, sampler, set_actions=region.set_actions, fields=fields)
-        return rollout[reward].mean(0)
+        return rollout[reward]
 
     def diagnostics(self) -> dict[str, Any]:
         return dict(self.info)
+
+
+class _Plateau:
+    """The plateau rule of the η-net training (module docstring, "Stopping rule").
+
+    Every `stop_every` steps all restarts are scored on `stop_samples` common noise draws (a
+    generator of their own, so the training's draws are unchanged); the rule is reached when the
+    best score has not risen by more than `stop_tol` Monte-Carlo standard errors for
+    `stop_patience` checks in a row.
+    """
+
+    def __init__(
+        self,
+        problem: _MCBOProblem,
+        region: Region,
+        scorer: Scorer,
+        nets: EtaNets,
+        values_of: Callable[[], torch.Tensor],
+        seed: int,
+    ) -> None:
+        settings = problem.settings
+        self.problem, self.region, self.scorer = problem, region, scorer
+        self.nets, self.values_of = nets, values_of
+        self.every, self.patience, self.tol = (
+            settings.stop_every,
+            settings.stop_patience,
+            settings.stop_tol,
+        )
+        self.eps: torch.Tensor | None = None
+        if self.patience > 0:
+            # fields pair draw s with sample path s: no more draws than the paths drawn
+            count = settings.stop_samples
+            if problem.fields is not None:
+                count = min(count, problem.fields.count)
+            generator = torch.Generator().manual_seed(seed + 1)
+            self.eps = torch.randn(count, len(problem.column), generator=generator)
+        self.record = -math.inf
+        self.stale = 0
+        self.checks = 0
+
+    def due(self, steps: int) -> bool:
+        return self.eps is not None and steps % self.every == 0
+
+    @torch.no_grad()
+    def reached(self) -> bool:
+        """Score the restarts now; True when the rule says stop."""
+        assert self.eps is not None
+        values = self.values_of()
+        draws = self.problem._network_draws(self.region, values, self.nets, self.eps.to(values))
+        score = self.scorer(self.region, draws.mean(0), values)
+        score = torch.where(torch.isfinite(score), score, -math.inf)
+        best = int(torch.argmax(score))
+        value = float(score[best])
+        # the standard error of the best restart's score over the common draws: the scorer of
+        # each draw's reward (linear in it, but for cost-aware mode's clamp at 0)
+        per_draw = self.scorer(self.region, draws[:, best : best + 1], values[best : best + 1])
+        se = float(per_draw.std()) / math.sqrt(per_draw.shape[0]) if len(per_draw) > 1 else 0.0
+        self.checks += 1
+        if value > self.record + self.tol * se or not math.isfinite(self.record):
+            self.record, self.stale = value, 0
+            return False
+        self.stale += 1
+        return self.stale >= self.patience

@@ -502,7 +502,8 @@ def test_invalid_settings_name_the_field():
 @pytest.mark.parametrize(
     ("name", "settings"),
     [
-        ("mcbo", {"eta": "network", "steps": 100_000, "nn_restarts": 16}),
+        # the plateau rule off: the training must run into the cap, not stop on a plateau
+        ("mcbo", {"eta": "network", "steps": 100_000, "nn_restarts": 16, "stop_patience": 0}),
         ("mcbo", {"eta": "constant", "restarts": 64, "raw_samples": 2048, "maxiter": 100_000}),
         ("eifn", {"restarts": 64, "raw_samples": 1024, "maxiter": 100_000, "mc_samples": 512}),
     ],
