@@ -357,20 +357,9 @@ class Experiment:
         row = self.store.get_round(self.name, number)
         if row is None:
             return None
-        action = Action(
-            experiment=self.name,
-            round=row.round,
-            action_id=row.action_id,
-            intervention=row.intervention,
-            kind=row.kind,
-            issued_at=row.proposed_at,
-            attempt=max(row.attempt, 1),
-            expires_at=row.expires_at,
-            vectors=decide.packed_vectors(self.spec),
-        )
         return LiveRound(
             number=row.round,
-            action=action,
+            action=recovery.stored_action(self, row, row.expires_at),
             target_set=tuple(row.target_set),
             cost=row.cost,
             acquisition=math.nan,

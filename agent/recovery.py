@@ -23,7 +23,13 @@ from connectors.store import RoundRow, Snapshot
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["STRUCTURAL_FIELDS", "check_same_experiment", "recover", "start_windows"]
+__all__ = [
+    "STRUCTURAL_FIELDS",
+    "check_same_experiment",
+    "recover",
+    "start_windows",
+    "stored_action",
+]
 
 # Parts of a spec that define what the stored data mean; a restart may change the rest.
 STRUCTURAL_FIELDS = (
@@ -156,12 +162,9 @@ def _renew_expiries(exp: Experiment, rows: list[RoundRow], now: float) -> dict[i
     return renewed
 
 
-def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> LiveRound:
-    """The stored round as the agent tracks it; its model round starts from what was applied.
-    Its timers restart now, on the monotonic clock."""
-    now = exp.ticks()
-    status = RoundStatus(row.status)
-    action = Action(
+def stored_action(exp: Experiment, row: RoundRow, expires_at: float | None) -> Action:
+    """The action a stored round sent (or will send), as the agent and its devices see it."""
+    return Action(
         experiment=exp.name,
         round=row.round,
         action_id=row.action_id,
@@ -172,6 +175,14 @@ def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> Liv
         expires_at=expires_at,
         vectors=packed_vectors(exp.spec),
     )
+
+
+def _live_round(exp: Experiment, row: RoundRow, expires_at: float | None) -> LiveRound:
+    """The stored round as the agent tracks it; its model round starts from what was applied.
+    Its timers restart now, on the monotonic clock."""
+    now = exp.ticks()
+    status = RoundStatus(row.status)
+    action = stored_action(exp, row, expires_at)
     # the model learns from what the device reported applied (clamped, say)
     applied = row.applied if row.applied is not None else row.intervention
     unacked = status in (RoundStatus.PROPOSED, RoundStatus.PUBLISHED)
