@@ -49,6 +49,7 @@ from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
 from agent.runtime import AgentService
+from agent.tasks import stop_tasks
 from agent.validate import check_policy
 from connectors.embedded_broker import embedded_broker
 from connectors.mqtt import MqttConnection, MqttConnectionError
@@ -375,10 +376,7 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> Demo
                 await _device_ready(device, address)  # actuators listen first
                 await service.run()
             finally:
-                for task in (device_task, announce):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await stop_tasks((device_task, announce))
     return _summarize(service, spec, env.optimum.value, options, console)
 
 

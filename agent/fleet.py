@@ -63,6 +63,7 @@ from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits
 from agent.rounds import EventSink, LiveRound, RoundStatus
 from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
+from agent.tasks import stop_tasks
 from agent.timers import ack_window
 from connectors.metrics import MetricsServer, Readiness
 from connectors.mqtt import (
@@ -248,11 +249,7 @@ class FleetService(AgentService):
             for task in done:
                 task.result()  # a fatal broker error or a bug stops the replica
         finally:
-            for task in (*tasks, letters):
-                task.cancel()
-            for task in (*tasks, letters):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_tasks((*tasks, letters))
 
     # ------------------------------------------------------------------ leases
     async def _renew_loop(self, store: Store) -> None:

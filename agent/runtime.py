@@ -39,6 +39,7 @@ from agent.config import AgentConfig
 from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits, FitWorker
 from agent.rounds import EventSink, LiveRound, Verdict
+from agent.tasks import stop_tasks
 from connectors.metrics import AgentMetrics, MetricsServer, Readiness
 from connectors.mqtt import (
     IncomingMessage,
@@ -337,11 +338,7 @@ class AgentService:
                 if connection in done:
                     break
         finally:
-            for task in (connection, letters, kept, watchdog, *drivers):
-                task.cancel()
-            for task in (connection, letters, kept, watchdog, *drivers):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_tasks((connection, letters, kept, watchdog, *drivers))
             await self._settle()
             self._write_letters(_drain(self._letters_to_store))  # what was still waiting
 
@@ -363,7 +360,8 @@ class AgentService:
             return
         while True:
             try:
-                await asyncio.wait_for(self.link.wait_attached(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: see agent.tasks
+                    await self.link.wait_attached()
             except TimeoutError:
                 raise BrokerUnavailable(
                     self._broker_url, timeout_s, self._last_broker_error
@@ -560,7 +558,8 @@ class AgentService:
         keep handling input until it is quiet for LINGER_S (at most LINGER_CAP_S).
         """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), SESSION_WAIT_S)
+            async with asyncio.timeout(SESSION_WAIT_S):
+                await self._subscribed.wait()
         log.info("experiment.lingering", missing=exp.missing_readings())
         deadline = time.monotonic() + LINGER_CAP_S
         while time.monotonic() < deadline:
@@ -596,7 +595,9 @@ class AgentService:
             await asyncio.sleep(0)  # something is due now; still let the MQTT task run
             return [inbox.get_nowait() for _ in range(min(inbox.qsize(), BATCH_LIMIT))]
         try:
-            first = await asyncio.wait_for(inbox.get(), timeout)
+            # asyncio.timeout, not wait_for, which on 3.11 can keep a cancel (agent.tasks)
+            async with asyncio.timeout(timeout):
+                first = await inbox.get()
         except TimeoutError:
             return []
         batch = [first]
@@ -608,7 +609,8 @@ class AgentService:
                 break
             remaining = max(deadline - time.monotonic(), BACKLOG_GAP_S)
             try:
-                batch.append(await asyncio.wait_for(inbox.get(), remaining))
+                async with asyncio.timeout(remaining):
+                    batch.append(await inbox.get())
             except TimeoutError:
                 break
         return batch
