@@ -51,6 +51,7 @@ from agent.paths import ExamplesNotFound
 from agent.paths import example_spec as example_spec_path
 from agent.rounds import RoundEvent
 from agent.runtime import AgentService
+from agent.tasks import stop_tasks
 from bench.harness.shipped_broker import ShippedBroker, shipped_broker
 from bench.report import (
     device_info,
@@ -449,9 +450,7 @@ async def measure_latency(
         await asyncio.wait_for(device.ready.wait(), 30)
         await asyncio.wait_for(service.run(), WAIT_S)
     finally:
-        device_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await device_task
+        await stop_tasks([device_task])
     policy_rounds = [
         e for e in events if e.round is not None and e.round >= spec.initial_design.rounds
     ]

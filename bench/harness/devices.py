@@ -15,6 +15,7 @@ import contextlib
 import signal
 
 from agent.logs import configure_logging
+from agent.tasks import stop_tasks
 from connectors.mqtt import Backoff, BrokerConfig
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
@@ -46,11 +47,8 @@ async def serve(
     try:
         await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(Exception):  # each task ends; a device's error is not ours
+            await stop_tasks(tasks)
 
 
 def main() -> None:
