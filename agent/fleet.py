@@ -43,6 +43,7 @@ loop need (at 100 experiments most of a replica's CPU, docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -60,7 +61,7 @@ import structlog
 from agent.config import AgentConfig
 from agent.control_topic import answer
 from agent.experiment import Experiment, reserve_share
-from agent.refits import BackgroundRefits
+from agent.refits import RECENT_RECORDS, BackgroundRefits
 from agent.rounds import EventSink, LiveRound, RoundStatus
 from agent.runtime import INBOX_LIMIT, AgentService, _Incoming
 from agent.tasks import stop_tasks
@@ -165,8 +166,14 @@ class FleetService(AgentService):
         self.owner = config.agent_id
         self.readiness = Readiness("broker_connected", "leases")
         self.held: dict[str, _Held] = {}
-        self.taken: list[tuple[str, int, float]] = []  # (experiment, epoch, unix time) taken
-        self.dropped: list[tuple[str, str, float]] = []  # (experiment, why, unix time)
+        # (experiment, epoch, unix time) taken and (experiment, why, unix time) dropped, the
+        # latest only: a replica of a long-lived fleet takes and drops for months
+        self.taken: collections.deque[tuple[str, int, float]] = collections.deque(
+            maxlen=RECENT_RECORDS
+        )
+        self.dropped: collections.deque[tuple[str, str, float]] = collections.deque(
+            maxlen=RECENT_RECORDS
+        )
         self._quarantine: dict[str, float] = {}  # experiment -> monotonic time it may be retaken
         self._connection: MqttConnection | None = None
         self._subscriptions = asyncio.Lock()

@@ -20,6 +20,7 @@ again with the new ones when it is installed: the installed model is the exact G
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -41,9 +42,13 @@ from core.threads import this_thread_only
 if TYPE_CHECKING:
     from agent.experiment import Experiment
 
-__all__ = ["BackgroundRefits", "FitWorker", "run_jobs"]
+__all__ = ["RECENT_RECORDS", "BackgroundRefits", "FitWorker", "run_jobs"]
 
 log = structlog.get_logger(__name__)
+
+# Per-install records kept for benchmarks and tests (the latest only): about 16 bytes each,
+# so at most a few hundred KiB per experiment however long the service runs.
+RECENT_RECORDS = 4096
 
 
 def run_jobs(jobs: dict[str, Any]) -> dict[str, Any]:
@@ -242,13 +247,16 @@ class BackgroundRefits:
         # tests and benchmarks read these: jobs started, results installed (one per member of
         # a node GP job, one per field), the seconds each install held the loop, and the rows
         # each install appended or forgot
+        # each install; the per-install records keep the latest RECENT_RECORDS only (a daemon
+        # installs every few readings for months), the counts are all-time
         self.started = 0
         self.installed = 0
-        self.install_seconds: list[float] = []
-        self.install_rows: list[int] = []
-        self.install_at: list[float] = []  # time.time() of each install
+        self.install_seconds: collections.deque[float] = collections.deque(maxlen=RECENT_RECORDS)
+        self.install_rows: collections.deque[int] = collections.deque(maxlen=RECENT_RECORDS)
+        self.install_at: collections.deque[float] = collections.deque(maxlen=RECENT_RECORDS)
         # and the seconds of each node GP result installed (one member's fit and factorization)
-        self.fit_seconds: list[float] = []
+        self.fit_seconds: collections.deque[float] = collections.deque(maxlen=RECENT_RECORDS)
+        self.fits_installed = 0
 
     @property
     def running(self) -> bool:
@@ -340,6 +348,7 @@ class BackgroundRefits:
                 join.save_snapshot(exp)
                 join.log_refit(exp, report, fit_s=result.seconds)
                 self.fit_seconds.append(result.seconds)
+                self.fits_installed += 1
             elif key.startswith("field:"):
                 exp.log.info(
                     "model.refit", nodes=[key.removeprefix("field:")], fit_s=result.seconds

@@ -223,9 +223,12 @@ class _Recorder:
         exp = self.service.experiments[EXPERIMENT]
         gp = exp.model.gp
         refits = self.service.refits.get(EXPERIMENT)
-        fits = list(getattr(refits, "fit_seconds", []))[self._fits_seen :]
+        # the fits since the last checkpoint: the refits keep only their latest records
+        fits_total = getattr(refits, "fits_installed", 0)
+        recent = list(getattr(refits, "fit_seconds", []))
+        fits = recent[len(recent) - min(fits_total - self._fits_seen, len(recent)) :]
         installed = (refits.installed if refits is not None else 0) - self._installed_seen
-        self._fits_seen += len(fits)
+        self._fits_seen = fits_total
         self._installed_seen += installed
         lat = self.latencies or [float("nan")]
         cuts = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99

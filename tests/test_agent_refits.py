@@ -18,7 +18,7 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from agent.refits import BackgroundRefits, FitWorker
+from agent.refits import RECENT_RECORDS, BackgroundRefits, FitWorker
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig
 from core.gp.refit import RefitJob
@@ -52,6 +52,10 @@ async def test_refits_run_beside_the_loop_and_leave_the_exact_model(mosquitto, t
 
     refits = service.refits["refits"]
     assert refits.started >= 1 and refits.installed >= 1
+    # one record per install and per node fit, and no more than the latest RECENT_RECORDS
+    assert len(refits.install_seconds) == len(refits.install_at) == refits.installed
+    assert len(refits.fit_seconds) == refits.fits_installed >= 1
+    assert refits.fit_seconds.maxlen == refits.install_rows.maxlen == RECENT_RECORDS
     background = [e for e in logs if e["event"] == "model.refit" and e.get("background")]
     assert background and all(e["fit_s"] > 0 for e in background)
     gp = service.experiments["refits"].model.gp
