@@ -13,9 +13,21 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["FIELD_METRICS", "FieldMetric", "environmental_target", "field_metric"]
+__all__ = [
+    "FIELD_METRICS",
+    "FIELD_RESIDUALS",
+    "FieldMetric",
+    "FieldResidual",
+    "environmental_target",
+    "field_metric",
+]
 
 FieldMetric = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
+# An affine map r of one array component (..., *shape) -> (..., m) with metric(f) = −Σ r(f)²:
+# for such a metric the reward of a sample path that is linear in some coefficients γ,
+# f = Σ_k γ_k V_k, is the quadratic form −γᵀ (U Uᵀ) γ of U_k = r(V_k) − r(0) (k ≥ 1),
+# U_0 = r(V_0) — what `policies._composite` uses instead of forming the field at every point.
+FieldResidual = Callable[[torch.Tensor], torch.Tensor]
 
 # Environmental model (Astudillo & Frazier; digest §3.5 and §6.19): the concentration
 # c(s, t; M, D, L, τ) observed on the grid s ∈ {0, 1, 2.5}, t ∈ {15, 30, 45, 60}, and the target
@@ -54,6 +66,27 @@ def _environmental_sse(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return -((field - target) ** 2).sum(dim=(-2, -1))
 
 
+def _environmental_residual(field: torch.Tensor) -> torch.Tensor:
+    """(..., 3, 4) -> (..., 12) field − target: −Σ of its squares is `environmental_sse`."""
+    target = environmental_target(field.dtype).to(field.device)
+    return (field - target).flatten(-2)
+
+
+def _border_weights(h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    weights = torch.full((h, w), 0.1, dtype=dtype, device=device)
+    weights[:2, :] = weights[-2:, :] = 1.0
+    weights[:, :2] = weights[:, -2:] = 1.0
+    return weights
+
+
+def _weighted_variance_residual(field: torch.Tensor) -> torch.Tensor:
+    """(..., c, h, w) -> (..., c h w) (x − mean x)/√t of the weighted field x (t elements):
+    −Σ of its squares is `weighted_variance` (the population variance)."""
+    h, w = field.shape[-2:]
+    flat = (field * _border_weights(h, w, field.dtype, field.device)).flatten(-3)
+    return (flat - flat.mean(-1, keepdim=True)) / flat.shape[-1] ** 0.5
+
+
 def _weighted_variance(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """−(weighted variance) of a (..., c, h, w) field (the Brusselator metric, digest §3.5 and
     §6.18): the first two and last two rows and columns weigh 1, the rest 0.1, as the authors'
@@ -71,6 +104,11 @@ def _weighted_variance(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
 FIELD_METRICS: dict[str, FieldMetric] = {
     "environmental_sse": _environmental_sse,
     "weighted_variance": _weighted_variance,
+}
+# the metrics that are −Σ r(f)² of an affine r of their one array component
+FIELD_RESIDUALS: dict[str, FieldResidual] = {
+    "environmental_sse": _environmental_residual,
+    "weighted_variance": _weighted_variance_residual,
 }
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from core.expression import compile_expression
-from core.field_metrics import field_metric
+from core.field_metrics import FIELD_RESIDUALS, FieldResidual, field_metric
 from core.spec import ExperimentSpec
 
 __all__ = ["FieldReward"]
@@ -35,6 +35,13 @@ class FieldReward:
         arrays = spec.array_nodes
         self.shapes: dict[str, tuple[int, ...]] = {c: arrays.get(c, ()) for c in self.components}
         self._metric = field_metric(reward.function) if reward.aggregation == "function" else None
+        # g = −Σ r(f)² of an affine r of one array component (`core.field_metrics`), or None
+        self.residual: tuple[str, FieldResidual] | None = None
+        if self._metric is not None and len(self.components) == 1:
+            (only,) = self.components
+            residual = FIELD_RESIDUALS.get(reward.function or "")
+            if residual is not None and self.shapes[only]:
+                self.residual = (only, residual)
         self._expression = (
             compile_expression(reward.expression or "", self.components, arrays=True)
             if self._metric is None

@@ -11,16 +11,27 @@ deterministic, smooth function of the actions and BoTorch's multi-start L-BFGS-B
 (sample-average approximation, the paper's Prop. 1). Before the samples are drawn, each field
 model is refitted when its schedule says so (`refit_every`) — here, in the policy's worker
 thread, never on the ingest path.
+
+When g is −Σ r(f)² of an affine r of one array component (the shipped metrics,
+`core.field_metrics.FIELD_RESIDUALS`), the field is never formed at a point: a Matheron path is
+linear in K = n + 2 coefficients, f_s(a) = Σ_k γ_k(a) V_{s,k} (`FieldSamples.coefficients`,
+`.basis`), so g_s(a) = −γ(a)ᵀ H_s γ(a) with H_s = U_s U_sᵀ, U_{s,k} = r(V_{s,k}) − r(0) (k ≥ 1),
+U_{s,0} = r(V_{s,0}). H (S × K × K) is computed once per proposal — the output rotations and
+g's reductions over the t outputs then happen once per path, not once per point and L-BFGS-B
+step (issue 17: on the Brusselator's 8,192 outputs they were the whole decision). The same
+numbers as the rollout up to rounding (tests/test_composite_fast.py).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 
-from core.gp.field import FieldModelKind
+from core.field_metrics import FieldResidual
+from core.gp.field import FieldModelKind, FieldSamples
 from core.network import NetworkModel, NodeQuery
 from core.spec import ExperimentSpec
 from policies._optimize import sobol_normals
@@ -78,9 +89,27 @@ class CompositeProblem(Problem):
         )
         self.normals = {node: normals[:, j, None] for j, node in enumerate(model.order)}
         self.best = model.best_reward if model.reward_count else None
+        # g's quadratic form on the paths' basis (module docstring), when g allows it
+        self.gram: tuple[str, torch.Tensor] | None = None
+        if not self.blind and self.g.residual is not None and self.samples > 0:
+            node, residual = self.g.residual
+            self.gram = (node, residual_gram(self.fields.paths[node], residual))
 
     def reward_samples(self, actions: torch.Tensor) -> torch.Tensor:
         """(b, A) action vectors -> (S, b) reward samples; differentiable in the actions."""
+        if self.blind:
+            return actions.new_zeros(self.samples, actions.shape[0]) + 0.0 * actions.sum(-1)
+        if self.gram is not None:
+            node, gram = self.gram
+            gamma = self.fields.paths[node].coefficients(self.model.field_inputs(node, actions))
+            gamma = gamma.to(gram)
+            # −γᵀ H_s γ for every sample s and point: (b, K) (S, K, K) -> (S, b)
+            return -torch.einsum("bk,skl,bl->sb", gamma, gram, gamma).to(actions)
+        return self.reward_samples_by_rollout(actions)
+
+    def reward_samples_by_rollout(self, actions: torch.Tensor) -> torch.Tensor:
+        """(b, A) -> (S, b) reward samples through the network's rollout (the fields formed at
+        every point): what `reward_samples` computes, the reference for its quadratic form."""
         if self.blind:
             return actions.new_zeros(self.samples, actions.shape[0]) + 0.0 * actions.sum(-1)
 
@@ -89,8 +118,7 @@ class CompositeProblem(Problem):
 
         batch = actions.unsqueeze(0)  # paths broadcast in: (1, b, A) -> (S, b) downstream
         values = self.model.rollout(batch, sampler, fields=self.fields)
-        reward = values[self.model.reward_node]
-        return reward.expand(self.samples, actions.shape[0])
+        return values[self.model.reward_node].expand(self.samples, actions.shape[0])
 
     def acquisition(self, samples: torch.Tensor) -> torch.Tensor:
         """(S, b) reward samples -> (b,) acquisition values."""
@@ -110,4 +138,26 @@ class CompositeProblem(Problem):
             "best_f": self.best,
             "refitted": self.refitted,
             "field_fit_seconds": self.fields.fit_seconds,
+            "quadratic_g": self.gram is not None,
         }
+
+
+def residual_gram(
+    paths: FieldSamples, residual: FieldResidual, chunk_elements: int = 1 << 23
+) -> torch.Tensor:
+    """(S, K, K) H_s = U_s U_sᵀ of g = −Σ r(f)² on the paths' basis (module docstring).
+
+    The basis is formed `chunk_elements` numbers at a time (a few samples: S K t in all, 71 MB
+    for the Brusselator's 64 paths at n = 15), so memory stays bounded as n grows.
+    """
+    shape = paths.model.shape
+    t = math.prod(shape)
+    step = max(1, chunk_elements // (paths.terms * t))
+    offset = residual(torch.zeros(shape, dtype=torch.float64))  # r(0): the affine part
+    grams = []
+    for start in range(0, paths.draws.samples, step):
+        basis = paths.basis(start, start + step)  # (s, K, *shape)
+        u = residual(basis)  # (s, K, m)
+        u[:, 1:] -= offset  # the linear part for the terms scaled by γ_k, k ≥ 1
+        grams.append(u @ u.transpose(-1, -2))
+    return torch.cat(grams)

@@ -226,6 +226,25 @@ class FieldSamples:
         z = self.draws.marginal(self.model.normalize(x.to(torch.float64)))
         return self.model.mean + self.model.scale * self.model._unengine(z)
 
+    @property
+    def terms(self) -> int:
+        """K = n + 2: the number of rows of `basis` (the prior mean, n data terms, the test
+        term)."""
+        return self.model.n + 2
+
+    def coefficients(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, K) γ(x) = [1, B(x), r(x)] at inputs x (b, d): the samples are
+        f_s(x) = Σ_k γ_k(x) basis[s, k] (`__call__`, exactly, up to rounding); differentiable."""
+        gamma = self.draws.coefficients(self.model.normalize(x.to(torch.float64)))
+        return torch.cat([gamma.new_ones(len(gamma), 1), gamma], dim=-1)
+
+    def basis(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """(s, K, *shape) for samples [start, stop), node units: row 0 the prior mean, rows
+        1..K−1 the scaled Matheron terms (`MatheronSamples.basis`)."""
+        terms = self.model.scale * self.model._unengine(self.draws.basis(start, stop))
+        mean = self.model.mean.expand(len(terms), 1, *self.model.shape)
+        return torch.cat([mean, terms], dim=1)
+
 
 def _fit_hogp(
     x: torch.Tensor, y: torch.Tensor, steps: int

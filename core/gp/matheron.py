@@ -109,11 +109,31 @@ class MatheronSamples:
 
         Each point's joint root is [[R, 0], [l12, r]] with r = √(k(x, x) − |l12|²).
         """
+        b, r = self._marginal_terms(x_test)
+        view = (1, -1, *([1] * self.outputs))
+        return self._project(b, self._z_single * r.reshape(view))
+
+    def _marginal_terms(self, x_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """B = K_*X Q_X (b, n) and r (b,) of `marginal` at the b points of x_test."""
         gp = self.gp
         x64 = x_test.to(torch.float64)
         b = gp.cross(x64) @ self._q_x  # (b, n)
         l12 = b * self._u_inv_sqrt
         prior_var = torch.diagonal(gp.kernel(x64, x64)).to(torch.float64)
         r = (prior_var - (l12 * l12).sum(-1)).clamp_min(_JITTER).sqrt()
-        view = (1, -1, *([1] * self.outputs))
-        return self._project(b, self._z_single * r.reshape(view))
+        return b, r
+
+    def coefficients(self, x_test: torch.Tensor) -> torch.Tensor:
+        """(b, n + 1) [B, r] at the b points of x_test: `marginal(x_test)[s, i]` is
+        Σ_k coefficients[i, k] · basis()[s, k] (linear in the paths); differentiable."""
+        b, r = self._marginal_terms(x_test)
+        return torch.cat([b, r.unsqueeze(-1)], dim=-1)
+
+    def basis(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """(s, n + 1, *shape) the paths' terms in the output space, for samples [start, stop):
+        (I ⊗ Q_T) C row by row, then Q_T z (the test base sample), so that a marginal sample
+        is their combination with `coefficients` — the output rotations done once per path
+        instead of once per point and call. O(s (n + 1) t Σ d_i); chunk over samples to bound
+        the memory (s (n + 1) t numbers)."""
+        stacked = torch.cat([self.paths[start:stop], self._z_single[start:stop]], dim=1)
+        return mode_product(stacked, self._q_out)
