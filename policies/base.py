@@ -127,6 +127,11 @@ class Policy(ABC):
     # those that need no node GP.
     handles_field_parents: ClassVar[bool] = False
 
+    # Whether the policy's proposals draw the array nodes' sample paths (`field_draws`), so
+    # that a runner should fit their field models beside the decisions, as the service does
+    # (`NetworkModel.prepare_fields`; `bench.harness.episode`), not inside the first that needs it.
+    draws_fields: ClassVar[bool] = False
+
     def field_model_settings(self) -> tuple[FieldModelKind, int]:
         """The kind and Adam steps of the array nodes' models this policy draws from (as its
         `NetworkModel.field_draws` calls ask), so that a service can build and fit them before

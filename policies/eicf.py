@@ -35,6 +35,7 @@ class EICFPolicy(SearchPolicy):
     Settings = CompositeSettings
     handles_arrays = True
     handles_field_parents = True
+    draws_fields = True
 
     def __init__(self, spec: ExperimentSpec, settings: dict | None = None) -> None:
         super().__init__(spec, settings)

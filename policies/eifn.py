@@ -88,6 +88,7 @@ class EIFNPolicy(SearchPolicy):
     name = "eifn"
     Settings = EIFNSettings
     handles_field_parents = True  # a field parent's sample paths are passed on (see below)
+    draws_fields = True  # an array parent's, when the spec has one
 
     def problem(self, model: NetworkModel, seed: int, deadline: Deadline) -> Problem:
         return _EIFNProblem(self, model, seed)

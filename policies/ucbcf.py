@@ -41,6 +41,7 @@ class UCBCFPolicy(SearchPolicy):
     name = "ucbcf"
     Settings = UCBCFSettings
     handles_arrays = True
+    draws_fields = True
     handles_field_parents = True
 
     def __init__(self, spec: ExperimentSpec, settings: dict | None = None) -> None:

@@ -155,6 +155,10 @@ def _play(config: RunConfig, payload: dict[str, Any]) -> None:
     spec = spec_for(env, load_spec(config.spec))
     model = NetworkModel(spec, device=config.device)
     policy = make_policy(config.policy, spec, config.settings)
+    if model.array_shapes and policy.draws_fields:
+        # as the service (agent/experiment.py): the field models are built at their first
+        # reading and fitted when due beside the decisions (`_fit_fields`), not inside them
+        model.prepare_fields(*policy.field_model_settings())
     optimum = env.optimum
     payload.update(
         optimum=optimum.value,
@@ -200,6 +204,7 @@ def _rounds(
         learn_start = time.perf_counter()
         model.learn(intervention, readings)
         learned = time.perf_counter()
+        field_fit_seconds = _fit_fields(model)
         # before the oracle's episodes replace them
         handed = states.hand_over(len(payload["initial_design"]) + t - 1)
 
@@ -216,6 +221,7 @@ def _rounds(
             decision_seconds=decided - start,
             decision_cpu_seconds=cpu_decided - cpu_start,  # all the process's threads
             update_seconds=learned - learn_start,
+            field_fit_seconds=field_fit_seconds,
             diagnostics=proposal.diagnostics,
         )
         problems = violations(spec, constraints, intervention, record["cost"], spent)
@@ -347,8 +353,20 @@ def _initial_design(
         if problems:
             record["violations"] = problems
         payload["initial_design"].append(record)
+    _fit_fields(model)
     payload["initial_design_seconds"] = time.perf_counter() - start
     return spent
+
+
+def _fit_fields(model: NetworkModel) -> float:
+    """Fit the built field models that are due (`prepare_fields`), between a round's reading
+    and the next decision: what the service's refits do beside its loop (agent/refits.py), so
+    that a decision's time is the decision's (issue 17). The same fits at the same data as a
+    proposal's own `field_draws` would run, so the proposals do not change. Their seconds."""
+    started = time.perf_counter()
+    for node in model.fields:
+        model.refresh_field(node)
+    return time.perf_counter() - started
 
 
 def design_problems(
