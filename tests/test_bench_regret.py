@@ -67,6 +67,7 @@ ROUND_FIELDS = {
     "decision_seconds",
     "decision_cpu_seconds",
     "update_seconds",
+    "field_fit_seconds",  # fits of the field models beside the decision (0 without any)
     "diagnostics",
 }
 ROW_FIELDS = {
