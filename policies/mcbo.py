@@ -21,7 +21,8 @@ Two parameterizations of η (setting `eta`; "auto" picks per target set, see `et
 - "network" (a hallucinated node has noisy inputs): η_i(z) is a small ReLU network of the
   node's inputs (`policies._eta_nets`). `nn_restarts` initializations are trained together
   in one batched computation by Adam on fresh MC estimates (`mc_samples` noise draws per
-  step), for up to `steps` (stopping rule below): up to `warm_starts` of them are the
+  step; one intra-op thread, and `policies._optimize.Adam`, torch's update without torch.optim
+  — see `solve`), for up to `steps` (stopping rule below): up to `warm_starts` of them are the
   previous rounds' best nets and actions for this region, the rest random nets started near
   a constant η whose [a; η] are picked (Boltzmann rule) from `raw_samples` Sobol points
   scored with the constant-η objective — a network with zero output weights *is* a constant
