@@ -249,6 +249,55 @@ def raw_starts(
     return starts, raw[best], cut
 
 
+class Adam:
+    """torch.optim.Adam's update (no weight decay, no AMSGrad), without torch.optim.
+
+    torch.optim's `Optimizer` imports torch._dynamo the first time one is built (1.3–2 s on
+    this machine: the first MCBO decision of a process paid it) and dispatches each step
+    through hooks and wrappers (≈ 2.5 ms a step, a fifth of a one-thread η-net step at tens of
+    observations). This is the arithmetic of its single-tensor path (the one it takes for CPU
+    tensors) in the same order, so the iterates are bitwise torch's there
+    (tests/test_mcbo_speed.py); on CUDA torch takes its multi-tensor path, which rounds
+    differently in the last bits.
+
+    Args:
+        params: leaf tensors with requires_grad; updated in place from their `.grad`.
+        lr: step size; betas, eps: as torch's (defaults the same).
+    """
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        self.params = list(params)
+        self.lr, self.betas, self.eps = lr, betas, eps
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [0] * len(self.params)  # per tensor, as torch's (one without grad waits)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        beta1, beta2 = self.betas
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            grad = p.grad
+            self.steps[i] += 1
+            step = float(self.steps[i])
+            self.exp_avg[i].lerp_(grad, 1 - beta1)
+            self.exp_avg_sq[i].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step_size = self.lr / (1 - beta1**step)
+            denom = (self.exp_avg_sq[i].sqrt() / (1 - beta2**step) ** 0.5).add_(self.eps)
+            p.addcdiv_(self.exp_avg[i], denom, value=-step_size)
+
+
 def ascend(
     fn: Objective,
     x0: torch.Tensor,

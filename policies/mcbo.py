@@ -21,7 +21,8 @@ Two parameterizations of η (setting `eta`; "auto" picks per target set, see `et
 - "network" (a hallucinated node has noisy inputs): η_i(z) is a small ReLU network of the
   node's inputs (`policies._eta_nets`). `nn_restarts` initializations are trained together
   in one batched computation by Adam on fresh MC estimates (`mc_samples` noise draws per
-  step), for up to `steps` (stopping rule below): up to `warm_starts` of them are the
+  step; one intra-op thread, and `policies._optimize.Adam`, torch's update without torch.optim
+  — see `solve`), for up to `steps` (stopping rule below): up to `warm_starts` of them are the
   previous rounds' best nets and actions for this region, the rest random nets started near
   a constant η whose [a; η] are picked (Boltzmann rule) from `raw_samples` Sobol points
   scored with the constant-η objective — a network with zero output weights *is* a constant
@@ -79,9 +80,10 @@ import torch
 from pydantic import Field
 
 from core.network import NetworkModel, NodeQuery
+from core.threads import this_thread_only
 from policies._beta import BetaSchedule, beta_at
 from policies._eta_nets import EtaNets
-from policies._optimize import Deadline, ascend, raw_starts, sobol_normals
+from policies._optimize import Adam, Deadline, ascend, raw_starts, sobol_normals
 from policies._search import Problem, Scorer, SearchPolicy, SearchSettings, Solution
 from policies._supports import Region
 
@@ -321,7 +323,14 @@ class _MCBOProblem(Problem):
         if mode == "constant":
             solution = super().solve(region, scorer, deadline, timeout, seed)
         else:
-            solution = self._train(region, scorer, deadline, timeout, seed)
+            # One intra-op thread: a training step is hundreds of small operations (tensors of
+            # R·S·n ≈ 10⁴–10⁵ elements), and a second OpenMP thread only adds a barrier to each;
+            # on a loaded machine, where that thread waits for a core, the same proposal took
+            # 5–30× the wall time of one thread (docs/benchmarks.md, issue 17, mcbo17). The
+            # result does not depend on the count. Regions trained side by side
+            # (`SearchPolicy._search_threads`) already run with one each.
+            with this_thread_only(1):
+                solution = self._train(region, scorer, deadline, timeout, seed)
         solution.info["eta"] = mode
         return solution
 
@@ -360,7 +369,7 @@ class _MCBOProblem(Problem):
         if settings.raw_samples and warm < restarts:
             self._screened_starts(region, scorer, nets, nodes, logits, warm, seed, timeout / 4)
         logits.requires_grad_(True)
-        optimizer = torch.optim.Adam([logits, *nets.parameters()], lr=settings.learning_rate)
+        optimizer = Adam([logits, *nets.parameters()], lr=settings.learning_rate)
 
         def values_of() -> torch.Tensor:
             return region.feasible(lower + span * torch.sigmoid(logits))
