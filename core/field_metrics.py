@@ -73,6 +73,7 @@ def _environmental_residual(field: torch.Tensor) -> torch.Tensor:
 
 
 def _border_weights(h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(h, w) the Brusselator metric's weights: 1 on the two outer rows and columns, else 0.1."""
     weights = torch.full((h, w), 0.1, dtype=dtype, device=device)
     weights[:2, :] = weights[-2:, :] = 1.0
     weights[:, :2] = weights[:, -2:] = 1.0
@@ -93,10 +94,7 @@ def _weighted_variance(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
     code; minimized in the paper, so its negative is the reward."""
     (field,) = values.values()
     h, w = field.shape[-2:]
-    weights = torch.full((h, w), 0.1, dtype=field.dtype, device=field.device)
-    weights[:2, :] = weights[-2:, :] = 1.0
-    weights[:, :2] = weights[:, -2:] = 1.0
-    weighted = field * weights
+    weighted = field * _border_weights(h, w, field.dtype, field.device)
     flat = weighted.reshape(*field.shape[:-3], -1)
     return -flat.var(dim=-1, unbiased=False)
 

@@ -97,9 +97,7 @@ class CompositeProblem(Problem):
 
     def reward_samples(self, actions: torch.Tensor) -> torch.Tensor:
         """(b, A) action vectors -> (S, b) reward samples; differentiable in the actions."""
-        if self.blind:
-            return actions.new_zeros(self.samples, actions.shape[0]) + 0.0 * actions.sum(-1)
-        if self.gram is not None:
+        if self.gram is not None:  # None when blind (the rollout's zeros)
             node, gram = self.gram
             gamma = self.fields.paths[node].coefficients(self.model.field_inputs(node, actions))
             gamma = gamma.to(gram)
@@ -154,7 +152,8 @@ def residual_gram(
     shape = paths.model.shape
     t = math.prod(shape)
     step = max(1, chunk_elements // (paths.terms * t))
-    offset = residual(torch.zeros(shape, dtype=torch.float64))  # r(0): the affine part
+    zero = torch.zeros(shape, dtype=torch.float64, device=paths.model.mean.device)
+    offset = residual(zero)  # r(0): the affine part
     grams = []
     for start in range(0, paths.draws.samples, step):
         basis = paths.basis(start, start + step)  # (s, K, *shape)

@@ -318,7 +318,7 @@ def ascend(
         best point per row (b, D), its value (b,), and whether the deadline cut the run short.
     """
     x = torch.maximum(torch.minimum(x0.detach(), upper), lower).clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([x], lr=lr)
+    optimizer = Adam([x], lr=lr)  # not torch.optim's: see `Adam`
     best_x = x.detach().clone()
     best_v = torch.full(x.shape[:1], -math.inf, dtype=x.dtype, device=x.device)
     timed_out = False
