@@ -18,6 +18,7 @@ Environment variables (all optional):
 | CBO_STORE_PATH | store.path (a path or sqlite:///path; postgresql://user@host/db for fleets) |
 | CBO_LOG_LEVEL / CBO_LOG_FORMAT | log.level / log.format |
 | CBO_DEVICE | device (cpu, cuda, cuda:1, ...: where the GPs live) |
+| CBO_RESERVE_MB | reserve_mb (factor memory reserved up front, per process) |
 | CBO_KEEP_SERVING | keep_serving (true/false: stay up once every experiment has finished) |
 | CBO_DEVICE_KEYS_FILE | device_keys_file (per-device HMAC keys, `DEVICE_ID KEY` per line) |
 | CBO_DEVICE_KEYS | device_keys (the same entries, `;`-separated, for a secret in the environment) |
@@ -308,6 +309,11 @@ class AgentConfig(_Section):
     log: LogSection = LogSection()
     input: InputSection = InputSection()
     device: str = "cpu"
+    # The most the node GPs' factors of this process reserve when their experiments start
+    # (`agent.experiment.reserve_share`): rows up to `schedule.max_rounds` then append without
+    # a reallocation. A small container lowers it; 0 reserves nothing (every buffer grows as
+    # it fills, a spare made beside the learning taking most of each growth).
+    reserve_mb: int = Field(default=256, ge=0, le=1_048_576)
     # A service (compose, Kubernetes) restarts a process that exits, so a finished experiment
     # would be replayed from the store, finish and exit again, forever. Keeping the process up
     # (metrics, health and the broker session served, feedback still stored) ends that loop;
@@ -415,6 +421,7 @@ _ENVIRONMENT = {
     "CBO_LOG_LEVEL": ("log", "level"),
     "CBO_LOG_FORMAT": ("log", "format"),
     "CBO_DEVICE": ("device",),
+    "CBO_RESERVE_MB": ("reserve_mb",),
     "CBO_KEEP_SERVING": ("keep_serving",),
     "CBO_DEVICE_KEYS_FILE": ("device_keys_file",),
     "CBO_DEVICE_KEYS": ("device_keys",),

@@ -48,12 +48,14 @@ from policies.registry import make_policy
 # a process with several experiments gives each its share (`reserve_share`), so a fleet replica
 # of 100 does not reserve 100 times this. Past its share an experiment's buffers grow as they
 # fill, a spare made beside the learning (`agent.runtime`) taking most of each growth.
+# The default of the service's `reserve_mb` setting (agent/config.py).
 RESERVE_BYTES = 256 * 2**20
 
 
-def reserve_share(experiments: int) -> int:
-    """Bytes of factor one of `experiments` experiments in a process may reserve at its start."""
-    return RESERVE_BYTES // max(1, experiments)
+def reserve_share(experiments: int, total_bytes: int = RESERVE_BYTES) -> int:
+    """Bytes of factor one of `experiments` experiments in a process may reserve at its start,
+    when the process may reserve `total_bytes` in all."""
+    return total_bytes // max(1, experiments)
 
 
 # The round types are re-exported: code written before the split imports them from here.

@@ -404,7 +404,7 @@ class FleetService(AgentService):
                 device=self.config.device,
                 background_refits=self.background_refits,
                 # a replica may hold `capacity` experiments: each reserves its share only
-                reserve_bytes=reserve_share(self.settings.capacity),
+                reserve_bytes=reserve_share(self.settings.capacity, self.config.reserve_mb * 2**20),
             )
         except FencedError as error:
             return f"fenced while loading: {error}"

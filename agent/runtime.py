@@ -295,7 +295,7 @@ class AgentService:
                 on_event=self.on_event,
                 device=self.config.device,
                 background_refits=self.background_refits,
-                reserve_bytes=reserve_share(len(self.specs)),
+                reserve_bytes=reserve_share(len(self.specs), self.config.reserve_mb * 2**20),
             )
             inbox: asyncio.Queue[_Incoming] = asyncio.Queue(maxsize=INBOX_LIMIT)
             self._inboxes[spec.name] = inbox

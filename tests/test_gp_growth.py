@@ -182,3 +182,26 @@ def test_a_service_with_several_specs_gives_each_its_share():
     with Store(":memory:") as store:
         service._load(store)
         assert sum(_factor_bytes(e) for e in service.experiments.values()) <= RESERVE_BYTES
+
+
+def test_reserve_mb_sets_what_a_process_reserves_and_0_reserves_nothing_up_front():
+    """`reserve_mb` (CBO_RESERVE_MB) is the process's whole reservation: a small container
+    lowers it. With 0 a spec with a large `max_rounds` starts with a small buffer, which
+    grows as rows come; with 64 MiB the service's experiments stay within 64 MiB."""
+    from agent.config import AgentConfig, ConfigError, load_config
+    from agent.runtime import AgentService
+
+    assert load_config(environ={}).reserve_mb == 256
+    assert load_config(environ={"CBO_RESERVE_MB": "64"}).reserve_mb == 64
+    with pytest.raises(ConfigError, match="reserve_mb"):
+        load_config(environ={"CBO_RESERVE_MB": "-1"})
+
+    specs = [_spec(10_000).model_copy(update={"name": f"s{i}"}) for i in range(2)]
+    sizes = {}
+    for reserve_mb in (0, 64, 256):
+        service = AgentService(AgentConfig(reserve_mb=reserve_mb), specs)
+        with Store(":memory:") as store:
+            service._load(store)
+            sizes[reserve_mb] = sum(_factor_bytes(e) for e in service.experiments.values())
+    assert sizes[64] <= 64 * 2**20 < sizes[256]
+    assert sizes[0] < sizes[64]
