@@ -394,7 +394,9 @@ def _drift(args: argparse.Namespace) -> int:
         "refit_every": args.refit_every,
         "initial": args.initial,
     }
-    drift.run(args.env, args.models, args.seeds, args.rounds, args.json, options)
+    drift.run(
+        args.env, args.models, args.seeds, args.rounds, args.json, options, workers=args.workers
+    )
     return 0
 
 
@@ -417,6 +419,12 @@ def _add_drift(which: argparse._SubParsersAction) -> None:
     drift.add_argument("--refit-every", type=positive_int, default=20)
     drift.add_argument("--initial", type=positive_int, default=10, help="random rounds first")
     drift.add_argument("--json", type=Path, help="write the runs as JSON here")
+    drift.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="runs at once, each a process on one torch thread (1)",
+    )
     drift.set_defaults(handler=_drift)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from bench.pool import run_all
 from bench.report import machine_info, print_table, progress_bar, wide_console, write_json
 from core.gp import GPConfig
 from core.gp.bounded import make_gp
@@ -153,6 +154,10 @@ def run_one(env_name: str, model: str, seed: int, rounds: int, options: dict[str
     return Run(env_name, model, seed, rounds, regret, seconds, infeasible)
 
 
+def _run_job(job: tuple[str, str, int, int, dict[str, int]]) -> Run:
+    return run_one(*job)
+
+
 def _save(
     path: Path, env_name: str, rounds: int, seeds: int, options: dict[str, int], runs: list[Run]
 ) -> None:
@@ -178,20 +183,25 @@ def run(
     json_path: Path | None,
     options: dict[str, int],
     console: Console | None = None,
+    workers: int = 1,
 ) -> list[Run]:
-    """Every model on every seed; print mean ± std of the cumulative regret, save JSON."""
+    """Every model on every seed; print mean ± std of the cumulative regret, save JSON.
+
+    With `workers` > 1 the runs go to a pool of one-thread processes (`bench.pool`), seed by
+    seed (every model of seed 0 first): a campaign cut off keeps whole seeds, paired."""
     console = console or wide_console()
-    torch.set_num_threads(1)
+    jobs = [(env_name, model, seed, rounds, options) for seed in range(seeds) for model in models]
     runs: list[Run] = []
     with progress_bar(console) as progress:
-        task = progress.add_task("drift", total=len(models) * seeds)
-        for model in models:
-            for seed in range(seeds):
-                progress.update(task, description=f"drift {env_name} {model} seed {seed}")
-                runs.append(run_one(env_name, model, seed, rounds, options))
-                if json_path is not None:  # after every run: a cut-off campaign keeps its runs
-                    _save(json_path, env_name, rounds, seeds, options, runs)
-                progress.advance(task)
+        task = progress.add_task(f"drift {env_name}", total=len(jobs))
+        for job, outcome in run_all(_run_job, jobs, workers):
+            if isinstance(outcome, BaseException):
+                raise RuntimeError(f"{job[1]} seed {job[2]}: {outcome}") from outcome
+            runs.append(outcome)
+            runs.sort(key=lambda r: (r.seed, models.index(r.model)))
+            if json_path is not None:  # after every run: a cut-off campaign keeps its runs
+                _save(json_path, env_name, rounds, seeds, options, runs)
+            progress.advance(task)
     rows = []
     for model in models:
         values = [r.regret for r in runs if r.model == model]

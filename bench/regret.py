@@ -66,21 +66,16 @@ interrupted benchmark continues where it stopped; a run with another config ther
 
 from __future__ import annotations
 
-import contextlib
 import json
-import multiprocessing
 import os
 import re
-import signal
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -88,6 +83,7 @@ from agent.paths import ExamplesNotFound, example_spec, examples_dir
 from bench.fidelity_report import FIDELITY_COLUMNS, fidelity_row, plot_cost, ql_row
 from bench.harness.episode import RUN_VERSION, RunConfig, curves, plain, play, skeleton
 from bench.harness.fidelity import budget_rounds
+from bench.pool import run_all
 from bench.report import (
     device_info,
     machine_info,
@@ -315,59 +311,8 @@ def _load_finished(configs: Sequence[RunConfig], out: Path) -> dict[tuple, dict[
 
 def _execute(todo: Sequence[RunConfig], workers: int) -> Iterator[dict[str, Any]]:
     """Run payloads as they finish: in this process for one worker, else in a spawn pool."""
-    if not todo:
-        return
-    if workers == 1 or len(todo) == 1:
-        with _one_torch_thread():
-            for config in todo:
-                yield play(config)
-        return
-    context = multiprocessing.get_context("spawn")  # fork after torch's thread pools can hang
-    pool = ProcessPoolExecutor(min(workers, len(todo)), context, initializer=_init_worker)
-    finished = False
-    try:
-        futures = {pool.submit(play, config): config for config in todo}
-        for future in as_completed(futures):
-            yield _result(future, futures[future])
-        finished = True
-    finally:
-        if not finished:  # interrupted (Ctrl-C) or abandoned: do not wait for runs in flight
-            _stop_workers(pool)
-        pool.shutdown(wait=finished, cancel_futures=True)
-
-
-def _result(future: Future, config: RunConfig) -> dict[str, Any]:
-    try:
-        return future.result()
-    except Exception as error:  # the worker died; this run failed, the others go on
-        return _crashed(config, error)
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)  # workers share the cores: one BLAS thread each, no oversubscription
-    # Ctrl-C reaches the whole process group; the parent alone decides, and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate this pool's own worker processes (no public call for it before Python 3.14)."""
-    terminate = getattr(pool, "terminate_workers", None)
-    if terminate is not None:
-        terminate()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
-
-
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Run in-process with one thread, as a pool worker does, so timings compare."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    for config, outcome in run_all(play, todo, workers):
+        yield _crashed(config, outcome) if isinstance(outcome, BaseException) else outcome
 
 
 def _crashed(config: RunConfig, error: BaseException) -> dict[str, Any]:

@@ -72,12 +72,24 @@ def test_drift_compares_models_on_the_same_seeds(tmp_path):
                  "--seeds", "2", "--rounds", "14", "--json", str(path)])  # fmt: skip
     assert code == 0
     runs = json.loads(path.read_text())["runs"]
+    # seed by seed: a campaign cut off keeps whole seeds, paired
     assert [(r["model"], r["seed"]) for r in runs] == [
-        ("stationary", 0), ("stationary", 1), ("time", 0), ("time", 1)
+        ("stationary", 0), ("time", 0), ("stationary", 1), ("time", 1)
     ]  # fmt: skip
     assert all(0 < r["regret"] < 14 * 0.75 for r in runs)  # f* = 0.742 per round at most
-    # the first 10 rounds are the same random design for both models
-    assert runs[0]["regret"] != runs[1]["regret"]
+    # the first 10 rounds are the same random design for both models, and differ by seed
+    assert runs[0]["regret"] != runs[2]["regret"]
+
+    # two workers (spawned processes, one torch thread each) give every run the same regret
+    parallel = tmp_path / "parallel.json"
+    code = main(["bench", "drift", "--env", "dropwave-drift", "--models", "stationary", "time",
+                 "--seeds", "2", "--rounds", "14", "--workers", "2",
+                 "--json", str(parallel)])  # fmt: skip
+    assert code == 0
+    again = json.loads(parallel.read_text())["runs"]
+    assert [(r["model"], r["seed"], r["regret"]) for r in again] == [
+        (r["model"], r["seed"], r["regret"]) for r in runs
+    ]
 
 
 def test_drift_learns_the_flat_models_noise(monkeypatch):
