@@ -13,7 +13,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from agent import telemetry
+from agent import recommend, telemetry
 from agent.regret import regret_bound
 from agent.rounds import LiveRound
 from agent.timers import ack_window
@@ -68,6 +68,7 @@ def settle(exp: Experiment, live: LiveRound) -> None:
         return
     _bound_regret(exp, live.intervention)
     _start_model_round(exp, live)
+    recommend.refresh(exp)  # what the policy would run if it stopped now (published, retained)
 
 
 def _ask(exp: Experiment, policy: Policy, constraints: Constraints) -> tuple[Proposal, Policy]:

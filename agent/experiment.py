@@ -35,7 +35,7 @@ from agent.retire import RoundBook, is_closed_complete, stand_in_readings
 from agent.rounds import EventSink, LiveRound, RoundEvent, RoundStatus, Verdict
 from agent.timers import OpenRounds
 from connectors.metrics import AgentMetrics
-from connectors.schemas import Ack, Action, Oracle, Reading
+from connectors.schemas import Ack, Action, Oracle, Reading, Recommended
 from connectors.store import Store
 from core.network import NetworkModel
 from core.spec import ExperimentSpec
@@ -130,6 +130,9 @@ class Experiment:
         self.rounds = RoundBook(self._is_retired, self._stand_in)
         self._next_round = 0
         self.retiring = spec.model.capacity is not None
+        # The policy's recommendation published last, and one waiting to be (`agent.recommend`)
+        self.recommended: Recommended | None = None
+        self.recommendation_due: Recommended | None = None
         self._oracles_expected = any(device.oracle for device in spec.served_by)
         self.open = OpenRounds(spec.schedule)  # the rounds not closed yet, and their timers
         self.acks_in = acks.AckArrivals()  # received, not yet handled: no expiry for their rounds

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from agent import identity, recovery
+from agent import identity, recommend, recovery
 from agent.config import AgentConfig
 from agent.experiment import Experiment, reserve_share
 from agent.refits import BackgroundRefits, FitWorker
@@ -510,8 +510,12 @@ class AgentService:
                 # the proposal: its regret estimate, off the decision's latency)
                 published = exp.ticks()
                 await self._on_model(exp, exp.mark_published, live.number, published)
+                await self._publish_recommendation(exp)
                 continue
             if exp.finished and not exp.in_flight:
+                # every round is in: the policy's last word, retained (`agent.recommend`)
+                await self._on_model(exp, recommend.refresh, exp, True)
+                await self._publish_recommendation(exp)
                 self.metrics.set_finished(exp.name, True)
                 if exp.missing_readings():
                     await self._linger(exp, inbox)
@@ -579,6 +583,14 @@ class AgentService:
         if key is not None:  # a keyed actuator takes only actions signed with its key
             payload = sign(payload, actuator, key)
         await self.link.publish(self.topics.action(exp.name, actuator), payload)
+
+    async def _publish_recommendation(self, exp: Experiment) -> None:
+        """The recommendation `agent.recommend` left to publish, if any: retained, so whoever
+        subscribes later (a dashboard, the operator after the run) gets the latest."""
+        message = recommend.take(exp)
+        if message is not None:
+            topic = self.topics.recommendation(exp.name)
+            await self.link.publish(topic, encode(message), retain=True)
 
     @staticmethod
     async def _next_batch(

@@ -97,6 +97,11 @@ class AgentMetrics:
             "Model-based estimate of cumulative regret: sum over rounds of UCB(best candidate) "
             "- LCB(chosen), from the experiment's own model (no oracle: real systems).",
         )
+        self._recommended_value = self._gauge(
+            "cbo_recommended_value",
+            "The model's predicted reward of the policy's current recommendation (multi-fidelity "
+            "policies: at tau_max); the setting is on the retained recommendation topic.",
+        )
         self._reward_last = self._gauge("cbo_reward_last", "Reward observed in the last round.")
         self._reward_best = self._gauge("cbo_reward_best", "Best reward observed so far.")
         self._budget_spent = self._gauge("cbo_budget_spent", "Intervention cost spent.")
@@ -198,6 +203,10 @@ class AgentMetrics:
     def set_regret_upper_estimate(self, experiment: str, value: float) -> None:
         """The model-based regret estimate used where no oracle exists."""
         self._regret_upper_estimate.labels(experiment).set(value)
+
+    def set_recommended_value(self, experiment: str, value: float) -> None:
+        """The predicted reward of the recommendation published last."""
+        self._recommended_value.labels(experiment).set(value)
 
     def set_reward(self, experiment: str, *, last: float, best: float) -> None:
         """Reward of the last round and the best so far."""

@@ -420,6 +420,27 @@ class Status(MessageModel):
     at: UnixTime
 
 
+class Recommended(MessageModel):
+    """agent → operators: the setting the experiment's policy would run if it stopped now.
+
+    Retained on ``{prefix}/{experiment}/recommendation``, so whoever subscribes gets the latest;
+    `final` once the experiment has finished (its budget or its rounds spent): then it is what
+    the experiment leaves behind. `values` is the setting by action name (a multi-fidelity
+    spec: θ without τ and q); `predicted` the model's predicted reward of it at `fidelity`
+    (τ_max; null without fidelities); `trials` how many rounds' feedback the model held.
+    """
+
+    SCHEMA: ClassVar[str] = "cbo.recommendation"
+
+    experiment: ExperimentId
+    values: dict[Name, float]
+    predicted: float
+    fidelity: float | None
+    trials: int = Field(ge=0)
+    final: bool
+    at: UnixTime
+
+
 class ControlRequest(MessageModel):
     """operators → fleet replicas: one control-plane operation (`agent.control`).
 
@@ -487,11 +508,29 @@ def _utf8_prefix(text: str) -> str:
 
 
 Message: TypeAlias = (
-    Action | Ack | Reading | Oracle | Status | DeadLetter | ControlRequest | ControlReply
+    Action
+    | Ack
+    | Reading
+    | Oracle
+    | Status
+    | DeadLetter
+    | Recommended
+    | ControlRequest
+    | ControlReply
 )
 MESSAGE_TYPES: Final[dict[str, type[MessageModel]]] = {
     model.SCHEMA: model
-    for model in (Action, Ack, Reading, Oracle, Status, DeadLetter, ControlRequest, ControlReply)
+    for model in (
+        Action,
+        Ack,
+        Reading,
+        Oracle,
+        Status,
+        DeadLetter,
+        Recommended,
+        ControlRequest,
+        ControlReply,
+    )
 }
 M = TypeVar("M", bound=MessageModel)
 

@@ -11,8 +11,9 @@ level of the topic, so a broker ACL can let each login publish only under its ow
 - ``deadletter``  device → operators: an action the device could not decode
 
 Per experiment: ``{prefix}/{experiment}/deadletter`` (agent → operators: input the agent
-rejected, with the reason). Per agent: ``{prefix}/agents/{agent_id}/status`` (retained; the
-last will says "offline").
+rejected, with the reason) and ``{prefix}/{experiment}/recommendation`` (agent → operators,
+retained: the setting the policy would run if the experiment stopped now). Per agent:
+``{prefix}/agents/{agent_id}/status`` (retained; the last will says "offline").
 
 The fleet's control plane: ``{prefix}/control/request`` (operators → replicas) and
 ``{prefix}/control/reply/{request_id}`` (replicas → operators).
@@ -37,7 +38,7 @@ RESERVED_EXPERIMENT_IDS: Final = frozenset({"agents", "control"})
 
 TopicKind = Literal["action", "ack", "reading", "oracle", "deadletter"]
 DEVICE_TOPIC_KINDS: Final[tuple[TopicKind, ...]] = get_args(TopicKind)
-ExperimentTopicKind = Literal["deadletter"]
+ExperimentTopicKind = Literal["deadletter", "recommendation"]
 EXPERIMENT_TOPIC_KINDS: Final[tuple[ExperimentTopicKind, ...]] = get_args(ExperimentTopicKind)
 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_IDENTIFIER_LENGTH}}}")
@@ -65,7 +66,7 @@ class ParsedTopic(NamedTuple):
     """An experiment or device topic taken apart; `device` is None for experiment topics."""
 
     experiment: str
-    kind: TopicKind
+    kind: TopicKind | ExperimentTopicKind
     device: str | None = None
 
 
@@ -118,7 +119,7 @@ class Topics:
         _validate_prefix(self.prefix)
 
     def experiment_topic(self, experiment: str, kind: ExperimentTopicKind) -> str:
-        """`{prefix}/{experiment}/{kind}` (today only the agent's dead letters)."""
+        """`{prefix}/{experiment}/{kind}`: the agent's dead letters and its recommendation."""
         validate_experiment_id(experiment)
         if kind not in EXPERIMENT_TOPIC_KINDS:
             raise TopicError(
@@ -157,6 +158,10 @@ class Topics:
     def deadletter(self, experiment: str) -> str:
         """Topic the agent republishes rejected input on, with the reason."""
         return self.experiment_topic(experiment, "deadletter")
+
+    def recommendation(self, experiment: str) -> str:
+        """Retained topic of the experiment's current (at the end: final) recommendation."""
+        return self.experiment_topic(experiment, "recommendation")
 
     def status(self, agent_id: str) -> str:
         """Retained status topic of one agent (its last will lands here too)."""

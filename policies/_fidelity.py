@@ -23,7 +23,14 @@ from pydantic import Field
 from core.gp.fidelity import FidelityGP
 from core.network import NetworkModel
 from core.spec import ExperimentSpec, FidelitySpec
-from policies.base import Constraints, NothingAffordable, Policy, PolicySettings, Proposal
+from policies.base import (
+    Constraints,
+    NothingAffordable,
+    Policy,
+    PolicySettings,
+    Proposal,
+    Recommendation,
+)
 
 __all__ = [
     "FidelityPolicy",
@@ -102,14 +109,16 @@ class FittedModel:
         self._hyper = None
         self._fitted_at = 0
 
-    def __call__(self, model: NetworkModel) -> FidelityGP:
+    def __call__(self, model: NetworkModel, *, refit: bool = True) -> FidelityGP:
+        """The GP of the trials so far; `refit`: fit its hyperparameters first if due (else the
+        last fitted ones, or the initial ones before any fit)."""
         seen = trials(self.spec, model)
         gp = FidelityGP(theta_bounds(self.spec), self.fidelity.tau_max, min(self.fidelity.levels))
         gp.learn(seen.theta, seen.tau, seen.replications, seen.y, seen.variance)
         if self._hyper is not None:
             gp.hyper = self._hyper
         due = self._hyper is None or seen.n - self._fitted_at >= self.refit_every
-        if seen.n >= 2 and due:
+        if refit and seen.n >= 2 and due:
             gp.fit(restarts=self.restarts, seed=self.seed + seen.n)
             self._hyper, self._fitted_at = gp.hyper, seen.n
         return gp
@@ -244,3 +253,13 @@ class FidelityPolicy(Policy):
         """argmax_θ μ(θ, τ_max) and μ there."""
         seen = trials(self.spec, model)
         return recommend(self.spec, self.fitted(model), self.grid, seen)
+
+    def recommendation(self, model: NetworkModel, *, refit: bool = False) -> Recommendation | None:
+        """argmax_θ μ(θ, τ_max) over Θ̄ and the θ tried, on the hyperparameters of the last
+        fit unless `refit` (a fit due is then run first); None before the first trial."""
+        seen = trials(self.spec, model)
+        if seen.n == 0:
+            return None
+        gp = self.fitted(model, refit=refit)
+        values, predicted = recommend(self.spec, gp, self.grid, seen)
+        return Recommendation(values, predicted, self.fidelity.tau_max, seen.n)

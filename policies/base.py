@@ -111,6 +111,23 @@ class Proposal:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """What a policy would run now if it had to stop: its current best setting.
+
+    Attributes:
+        values: the setting, action name -> value (a multi-fidelity spec: θ only).
+        predicted: the model's predicted reward of it (at `fidelity` where there is one).
+        fidelity: the fidelity the prediction is for (τ_max), or None.
+        trials: how many rounds' feedback the model held.
+    """
+
+    values: dict[str, float]
+    predicted: float
+    fidelity: float | None
+    trials: int
+
+
 class Policy(ABC):
     """A decision rule over a `NetworkModel`.
 
@@ -205,6 +222,13 @@ class Policy(ABC):
         episode; called only where `states_shape()` is not None, once per stored trace (again
         by recovery, in arrival order)."""
         raise NotImplementedError(f"{self.name} takes no visited states")
+
+    def recommendation(self, model: NetworkModel, *, refit: bool = False) -> Recommendation | None:
+        """The setting to run if the experiment stopped now (published by the service, retained),
+        or None: the policy keeps none (the default; the multi-fidelity policies do). `refit`:
+        the policy may fit its hyperparameters first where a fit is due; without it the call
+        stays cheap (it runs once per round, after the action was published)."""
+        return None
 
     @abstractmethod
     def propose(

@@ -27,6 +27,7 @@ from connectors.schemas import (
     MessageModel,
     Oracle,
     Reading,
+    Recommended,
     Status,
     decode,
     encode,
@@ -111,7 +112,17 @@ dead_letters = st.builds(
     detail=st.text(max_size=2000),
     at=unix_times,
 )
-messages = st.one_of(actions, acks, readings, oracles, statuses, dead_letters)
+recommendations = st.builds(
+    Recommended,
+    experiment=experiment_ids,
+    values=value_maps,
+    predicted=finite,
+    fidelity=st.none() | finite,
+    trials=counters,
+    final=st.booleans(),
+    at=unix_times,
+)
+messages = st.one_of(actions, acks, readings, oracles, statuses, dead_letters, recommendations)
 
 json_scalars = st.none() | st.booleans() | st.integers() | finite | st.text(max_size=20)
 json_values = st.recursive(
@@ -177,6 +188,7 @@ def test_schema_names_are_the_documented_ones() -> None:
         "cbo.oracle",
         "cbo.status",
         "cbo.deadletter",
+        "cbo.recommendation",
         "cbo.control",
         "cbo.control_reply",
     }
@@ -531,6 +543,14 @@ def test_the_agents_dead_letter_topic_parses_back(prefix: str, experiment: str) 
     for kind in set(DEVICE_TOPIC_KINDS) - set(EXPERIMENT_TOPIC_KINDS):
         with pytest.raises(ForeignTopicError):  # the old layout, without a device level
             topics.parse(f"{prefix}/{experiment}/{kind}")
+
+
+@given(prefixes, experiment_ids)
+def test_the_recommendation_topic_parses_back(prefix: str, experiment: str) -> None:
+    topics = Topics(prefix)
+    topic = topics.recommendation(experiment)
+    assert topic == f"{prefix}/{experiment}/recommendation"
+    assert topics.parse(topic) == ParsedTopic(experiment, "recommendation")
 
 
 @given(prefixes, identifiers)

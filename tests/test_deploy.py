@@ -143,6 +143,7 @@ def exported_series() -> tuple[set[str], set[str]]:
     metrics.set_regret("e", cumulative=1.0, simple=0.5)
     metrics.set_regret_upper_estimate("e", 2.0)
     metrics.set_reward("e", last=1.0, best=1.0)
+    metrics.set_recommended_value("e", 0.5)
     metrics.set_budget("e", spent=1.0, remaining=9.0)
     metrics.set_observations("e", "Y", 3)
     metrics.observe_fit("e", "Y", False)
@@ -686,6 +687,7 @@ def test_acl_grants_what_the_protocol_needs() -> None:
     assert ("read", "cbo/+/+/reading") in users["agent"]
     assert ("write", "cbo/+/+/action") in users["agent"]
     assert ("write", "cbo/+/deadletter") in users["agent"]
+    assert ("write", "cbo/+/recommendation") in users["agent"]  # retained, multi-fidelity
     assert ("readwrite", "cbo/agents/+/status") in users["agent"]
     # a device speaks only under its own id (the patterns' %u is the login's user name)
     assert set(users["%u"]) == {

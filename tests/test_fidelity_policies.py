@@ -186,6 +186,30 @@ def test_besd_mixes_fidelities_finds_the_optimum_and_stops_at_the_budget() -> No
     assert abs(theta["x"] - math.pi / 12) < 0.1
 
 
+def test_the_recommendation_is_argmax_of_the_mean_at_tau_max_and_costs_no_fit() -> None:
+    """`recommendation` (what the service publishes, retained) is θ only, predicted at τ_max;
+    without `refit` it uses the last fit's hyperparameters and fits nothing, with it a due fit
+    runs first and the answer is `recommend`'s. None before any trial, and from policies that
+    keep no model."""
+    spec = parse_spec(fidelity_spec())
+    policy = make_policy("ei", spec, {"grid_size": 60, "restarts": 1, "refit_every": 100})
+    assert policy.recommendation(NetworkModel(spec)) is None
+    assert make_policy("random", spec, {}).recommendation(NetworkModel(spec)) is None
+    model, _ = _play("ei", budget=400.0, rounds=6)
+    policy.propose(model, Constraints.from_spec(spec), torch.Generator().manual_seed(0))
+    fitted = policy.fitted._hyper
+    assert fitted is not None  # the proposal fitted once (refit_every 100: not again)
+    for x in (0.1, 0.5):  # two more trials: a fit is not due for 100
+        index = model.start_round({"x": x, "tau": 10.0, "reps": 4.0})
+        model.note_replications(index, "y", 0.02, 4)
+        model.observe(index, {"y": float(_truth(torch.tensor([[x]]), torch.tensor([10.0])))})
+    cheap = policy.recommendation(model)
+    assert cheap is not None and policy.fitted._hyper is fitted  # no fit ran
+    assert set(cheap.values) == {"x"} and cheap.fidelity == 10.0 and cheap.trials == 8
+    theta, mean = policy.recommend(model)
+    assert cheap.values == theta and cheap.predicted == pytest.approx(mean, rel=1e-12)
+
+
 @pytest.mark.parametrize("name", ["ei", "lcb", "random"])
 def test_the_baselines_run_every_trial_at_tau_max_and_q_max(name: str) -> None:
     _, proposals = _play(name, budget=200.0, rounds=10)
