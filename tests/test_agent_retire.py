@@ -225,7 +225,9 @@ def test_an_exact_experiment_keeps_every_round(tmp_path):
 
 # Proposals on the chain (an exact model), by mcbo with a β schedule (it reads the count of
 # rewards) and eifn (their best and spread), from commit 9a51d3c (before the aggregates): the
-# same seed must give the same proposals, bit for bit.
+# same seed must give the same proposals. Not bit for bit: a new numpy/scipy/torch build moves
+# the last digits (1e-13 after six rounds of optimization); a changed count or best moves the
+# acquisition's optimum by far more than GOLDEN_TOLERANCE.
 GOLDEN = {
     "mcbo": [
         -0.931783608698959,
@@ -244,6 +246,7 @@ GOLDEN = {
         -0.06804534300097309,
     ],
 }
+GOLDEN_TOLERANCE = 1e-9
 SETTINGS = {  # no wall-clock cap reached: the proposals do not depend on the machine's speed
     "mcbo": {
         "beta_schedule": {"kind": "log"},
@@ -290,4 +293,4 @@ def test_an_exact_model_proposes_what_it_proposed_before(tmp_path, policy):
                     for i, (n, v) in enumerate(values.items())
                 ]
             )
-    assert proposed == GOLDEN[policy]
+    assert proposed == pytest.approx(GOLDEN[policy], rel=GOLDEN_TOLERANCE, abs=GOLDEN_TOLERANCE)
