@@ -517,8 +517,10 @@ class AgentService:
                 await self._on_model(exp, recommend.refresh, exp, True)
                 await self._publish_recommendation(exp)
                 self.metrics.set_finished(exp.name, True)
-                if exp.missing_readings():
-                    await self._linger(exp, inbox)
+                if exp.missing_readings() and await self._linger(exp, inbox):
+                    # late readings taught the model: the last word may have changed
+                    await self._on_model(exp, recommend.refresh, exp, True)
+                    await self._publish_recommendation(exp)
                 return
             timeout = exp.next_deadline(exp.ticks()) if exp.in_flight else None
             if exp.spec.schedule.min_interval_s and not exp.in_flight and not exp.finished:
@@ -554,8 +556,9 @@ class AgentService:
         wake its driver with a "wake" item when that changes)."""
         return True
 
-    async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> None:
-        """Store late feedback of a finished experiment before the service exits.
+    async def _linger(self, exp: Experiment, inbox: asyncio.Queue[_Incoming]) -> bool:
+        """Store late feedback of a finished experiment before the service exits; whether
+        anything came.
 
         Rounds closed by timeout may still get readings ("late readings still teach the model"),
         some already queued by the broker for this persistent session: wait for a session, then
@@ -566,11 +569,14 @@ class AgentService:
                 await self._subscribed.wait()
         log.info("experiment.lingering", missing=exp.missing_readings())
         deadline = time.monotonic() + LINGER_CAP_S
+        handled = False
         while time.monotonic() < deadline:
             batch = await self._next_batch(inbox, min(LINGER_S, deadline - time.monotonic()))
             if not batch:
-                return
+                break
             await self._handle(exp, batch)
+            handled = True
+        return handled
 
     async def _publish_action(
         self, exp: Experiment, action: Action, *, reserved: bool = False

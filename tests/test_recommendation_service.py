@@ -8,15 +8,18 @@ import asyncio
 import contextlib
 
 import pytest
+import torch
 
+from agent.experiment import Experiment
 from agent.runtime import AgentService
 from connectors.mqtt import BrokerConfig, MqttConnection
-from connectors.schemas import Recommended, decode
+from connectors.schemas import Reading, Recommended, decode
 from connectors.store import Store
 from connectors.topics import Topics
 from core.spec import load_spec
 from sim.device import DeviceSettings, SimulatorDevice
 from sim.registry import make_environment
+from tests.test_agent_join import ack
 from tests.test_agent_service import EXAMPLES, agent_config
 
 WAIT_S = 120.0
@@ -105,3 +108,71 @@ async def test_the_recommendation_is_published_retained_and_final_when_the_budge
                 assert message.retain
                 assert decode(message.payload, Recommended) == final
                 break
+
+
+@pytest.mark.integration
+async def test_late_readings_of_a_finished_experiment_renew_its_final_recommendation(
+    mosquitto, tmp_path
+):
+    """An experiment that finished with a round closed unread lingers for late readings; one
+    that arrives is learned, and the final recommendation is asked again and republished."""
+    spec = short_gw10()
+    spec = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"max_rounds": 5})})
+    device = spec.actuator_id
+    store_path = tmp_path / "agent.sqlite"
+    gen = torch.Generator().manual_seed(0)
+
+    def score(round_: int, live) -> Reading:
+        return Reading(
+            experiment=NAME,
+            round=round_,
+            node="score",
+            value=-3.0 + float(torch.rand(1, generator=gen)),
+            seq=round_,
+            device_id=device,
+            at=1.0,
+            variance=0.01,
+            replications=int(live.intervention["reps"]),
+        )
+
+    with Store(store_path) as store:  # four rounds learned, the fifth closed unread
+        exp = Experiment(spec, store, seed=0)
+        for t in range(5):
+            live = exp.propose()
+            exp.mark_published(live.number)
+            exp.on_ack(ack(exp, live.number).model_copy(update={"device_id": device}))
+            if t < 4:
+                exp.on_readings([score(t, live)])
+            else:
+                exp.due(live.acked_at + spec.schedule.round_timeout_s)
+        late = score(4, live)
+        assert not exp.can_propose(exp.ticks())  # max_rounds reached: finished
+        assert exp.finished and exp.missing_readings() == {4: ["score"]}
+
+    broker = BrokerConfig.from_url(mosquitto.url)
+    topics = Topics()
+    service = AgentService(agent_config(mosquitto.url, store_path), [spec])
+    seen: list[Recommended] = []
+
+    async def watch_and_send_late() -> None:
+        async with MqttConnection(broker) as mqtt:
+            await mqtt.subscribe(topics.recommendation(NAME))
+            async for message in mqtt.messages():
+                seen.append(decode(message.payload, Recommended))
+                if seen[-1].trials == 4:  # the final word before the late reading: send it
+                    while not service._subscribed.is_set():  # the agent reads it once subscribed
+                        await asyncio.sleep(0.01)
+                    await mqtt.publish_message(topics.reading(NAME, device), late, qos=1)
+                if seen[-1].trials == 5:
+                    return
+
+    watcher = asyncio.create_task(watch_and_send_late())
+    try:
+        await asyncio.wait_for(service.run(), WAIT_S)
+        await asyncio.wait_for(watcher, 10.0)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    assert [(m.trials, m.final) for m in seen] == [(4, True), (5, True)]
+    assert service.experiments[NAME].missing_readings() == {}
