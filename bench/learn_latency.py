@@ -40,7 +40,6 @@ from bench.harness.shipped_broker import shipped_broker
 from bench.ingest import prepare_rounds
 from bench.report import machine_info, print_table, wide_console, write_json
 from connectors.mosquitto import MosquittoBroker
-from connectors.mqtt import send_each_packet_at_once
 from connectors.schemas import Reading, encode
 from connectors.store import Store
 from connectors.topics import Topics
@@ -119,7 +118,6 @@ def _publish_paced(port: int, rows: list[dict], rate: float, topic: str) -> None
         paho.CallbackAPIVersion.VERSION2, client_id="bench-latency-pub", protocol=paho.MQTTv5
     )
     client.max_inflight_messages_set(1000)
-    send_each_packet_at_once(client)  # as the shipped devices' connections
     client.connect("127.0.0.1", port)
     client.loop_start()
     try:

@@ -50,7 +50,6 @@ from bench.harness.shipped_broker import shipped_broker
 from bench.report import machine_info, print_table, wide_console, write_json
 from bench.stream import Checkpoint, checkpoints, flat_after_budget, stream_readings
 from connectors.mosquitto import MosquittoBroker
-from connectors.mqtt import send_each_packet_at_once
 from connectors.schemas import Ack, Action, Reading, decode, encode
 from connectors.topics import Topics
 from core.gp.bounded import BoundedGP
@@ -120,7 +119,6 @@ def _devices(port: int, rounds: int, batch: int, dim: int, seed: int, ready) -> 
         paho.CallbackAPIVersion.VERSION2, client_id="bench-stream-devices", protocol=paho.MQTTv5
     )
     client.max_inflight_messages_set(1000)
-    send_each_packet_at_once(client)  # as the shipped devices' connections
     acked: dict[str, bytes] = {}  # action id -> its ack, to acknowledge a re-publish again
 
     def on_action(_client, _userdata, message) -> None:

@@ -23,7 +23,6 @@ import asyncio
 import importlib.metadata
 import random
 import select
-import socket
 import ssl
 import time
 import uuid
@@ -55,11 +54,6 @@ _PROTOCOL_REFUSAL_CODES: Final = frozenset({1, 0x84})
 _SUBSCRIBE_FAILURE_CODE: Final = 0x80  # lowest failure code of SUBACK, both versions
 _URL_SCHEMES: Final = {"mqtt": (False, 1883), "tcp": (False, 1883), "mqtts": (True, 8883)}
 _GOODBYE_TIMEOUT_S: Final = 2.0  # a clean exit must not hang on a dying broker
-# Send each packet at once. With Nagle's algorithm on (the socket default, and paho's), a small
-# publish written while an earlier one is unacknowledged waits for the broker's delayed ACK, up
-# to 40 ms on Linux: a device's second reading of a round, or an action after a status. The
-# broker's side of the same link is `set_tcp_nodelay` in deploy/mosquitto/mosquitto.conf.
-_SOCKET_OPTIONS: Final = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 # Packets paho reads per readable-socket callback, and messages handed over per batch, at most:
 # a burst that is already on the socket is taken in one event-loop turn, yet a flood cannot
 # keep the loop from its other tasks for long.
@@ -451,7 +445,6 @@ class MqttConnection:
             timeout=timeout_s,
             will=self._last_will(),
             tls_context=tls_context(config),
-            socket_options=_SOCKET_OPTIONS,
             **version_options,
         )
 
@@ -551,19 +544,6 @@ def _read_in_bursts(inner: paho.Client) -> None:
         return rc
 
     inner.loop_read = loop_read  # type: ignore[method-assign]
-
-
-def send_each_packet_at_once(client: paho.Client) -> None:
-    """Turn Nagle's algorithm off on a plain paho client's socket, on this connection and
-    every later one, as `MqttConnection` does for its own (the benchmarks' devices use paho
-    directly). Call before `connect`."""
-
-    def on_socket_open(_client: paho.Client, _userdata: object, sock: Any) -> None:
-        if isinstance(sock, socket.socket):
-            for option in _SOCKET_OPTIONS:
-                sock.setsockopt(*option)
-
-    client.on_socket_open = on_socket_open
 
 
 def paho_client(client: aiomqtt.Client) -> paho.Client:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,10 +27,8 @@ from connectors.mqtt import (
     Presence,
     SubscribeRefusedError,
     is_protocol_refusal,
-    paho_client,
     protocol_candidates,
     run_with_reconnect,
-    send_each_packet_at_once,
 )
 from connectors.schemas import Reading, Status, decode, encode
 from connectors.topics import Topics
@@ -74,13 +70,6 @@ async def retained_status(port: int, agent_id: str) -> Status:
     return decode(message.payload, Status)
 
 
-def sends_at_once(connection: MqttConnection) -> bool:
-    """TCP_NODELAY on the connection's socket (Nagle's algorithm off)."""
-    sock = paho_client(connection._client).socket()  # type: ignore[arg-type]
-    assert isinstance(sock, socket.socket), sock
-    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
-
-
 async def publish_once(port: int, topic: str, payload: bytes) -> None:
     async with MqttConnection(config_for(port)) as publisher:
         await publisher.publish(topic, payload, qos=1)
@@ -96,8 +85,6 @@ async def test_qos1_publish_subscribe_round_trip(mosquitto: MosquittoBroker, pro
     config = config_for(mosquitto.port, protocol=protocol)
     async with MqttConnection(config) as subscriber, MqttConnection(config) as publisher:
         assert subscriber.protocol == ("5" if protocol == "auto" else protocol)
-        # a small publish must not wait for the broker's delayed ACK of the one before
-        assert sends_at_once(subscriber) and sends_at_once(publisher)
         await subscriber.subscribe(topics.device_filter("reading"), qos=1)
         sent = [reading(round_) for round_ in range(3)]
         for message in sent:
@@ -252,19 +239,6 @@ async def test_a_persistent_session_keeps_subscriptions_and_queued_messages(
 
 
 @pytest.mark.integration
-def test_a_plain_paho_client_can_send_each_packet_at_once(mosquitto: MosquittoBroker) -> None:
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-    send_each_packet_at_once(client)
-    client.connect("127.0.0.1", mosquitto.port)
-    try:
-        sock = client.socket()
-        assert isinstance(sock, socket.socket)
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
-    finally:
-        client.disconnect()
-
-
-@pytest.mark.integration
 async def test_tls_with_the_test_ca_and_only_with_it(mosquitto_factory, tmp_path: Path) -> None:
     try:
         pki = generate_test_pki(tmp_path / "pki")
@@ -274,7 +248,6 @@ async def test_tls_with_the_test_ca_and_only_with_it(mosquitto_factory, tmp_path
     url = f"mqtts://127.0.0.1:{broker.tls_port}"
     trusted = BrokerConfig.from_url(url, ca_file=str(pki.ca_file), timeout_s=5.0)
     async with MqttConnection(trusted) as secure:
-        assert sends_at_once(secure)
         await secure.subscribe(topics.reading("exp1", "s1"))
         await secure.publish_message(topics.reading("exp1", "s1"), reading(3))
         assert decode((await next_message(secure.messages())).payload) == reading(3)
